@@ -1,5 +1,6 @@
-"""Command line: `python -m tpu_fc {run,demo} ...` (also installed as `tpu-fc`)."""
+"""Command line: `python -m tpu_fc COMMAND ...` (also installed as `tpu-fc`)."""
 import argparse
+import json
 import os
 import runpy
 import sys
@@ -20,6 +21,76 @@ def _demo(args):
   demo.main(model_dir=args.model_dir, steps=args.steps)
 
 
+def _table_names(pairs):
+  """`TABLE=LEGACY_NAME` arguments -> dict."""
+  names = {}
+  for pair in pairs or ():
+    table, separator, legacy_name = pair.partition('=')
+    if not separator or not table or not legacy_name:
+      raise SystemExit('--table-name must be TABLE=CHECKPOINT_NAME, got {!r}'.format(pair))
+    names[table] = legacy_name
+  return names
+
+
+def _reporting_user_errors(handler):
+  """Bad checkpoints or specs end the command with their message, not a traceback."""
+  def run(args):
+    try:
+      handler(args)
+    except ValueError as error:  # CheckpointConversionError and bad --spec
+      raise SystemExit('tpu-fc {}: error: {}'.format(args.command, error))
+  return run
+
+
+def _inspect(args):
+  from tpu_fc import checkpoint_conversion as conversion  # pylint: disable=g-import-not-at-top
+  spec = conversion.spec_from_reference(args.spec) if args.spec else None
+  report = conversion.inspect_checkpoint(args.checkpoint, spec)
+  print(json.dumps(report, indent=2) if args.json
+        else conversion.format_inspection(report))
+
+
+def _convert_checkpoint(args):
+  from tpu_fc import checkpoint_conversion as conversion  # pylint: disable=g-import-not-at-top
+  spec = conversion.spec_from_reference(args.spec)
+  if args.to == 'mid-level':
+    written = conversion.to_mid_level_checkpoint(
+        spec, args.source, args.destination, _table_names(args.table_name),
+        fresh_slots=args.fresh_slots)
+  else:
+    if args.fresh_slots:
+      raise SystemExit('--fresh-slots applies to --to mid-level only')
+    written = conversion.to_legacy_checkpoint(
+        spec, args.source, args.destination, _table_names(args.table_name))
+  print(written)
+
+
+def _add_checkpoint_commands(commands):
+  inspect = commands.add_parser(
+      'inspect', help='tables, slots, shapes, optimizer, step of a checkpoint')
+  inspect.add_argument('checkpoint', help='a model_dir (latest checkpoint) or a '
+                       'checkpoint prefix, legacy or mid-level')
+  inspect.add_argument('--json', action='store_true', help='print JSON')
+  inspect.add_argument('--spec', help='MODULE:ATTR or FILE.py:ATTR naming the '
+                       "model's EmbeddingConfigSpec (exact table detection)")
+  inspect.set_defaults(handler=_reporting_user_errors(_inspect))
+  convert = commands.add_parser(
+      'convert-checkpoint',
+      help='legacy TPUEstimator <-> mid-level TPUEmbedding checkpoints')
+  convert.add_argument('--to', required=True, choices=('mid-level', 'legacy'))
+  convert.add_argument('--spec', required=True, help='MODULE:ATTR or FILE.py:ATTR '
+                       "naming the model's EmbeddingConfigSpec (or a function "
+                       'returning it)')
+  convert.add_argument('--table-name', action='append', metavar='TABLE=NAME',
+                       help='legacy checkpoint name of a table (repeatable)')
+  convert.add_argument('--fresh-slots', action='store_true',
+                       help='start missing embedding-optimizer slots at their '
+                       'initial values (e.g. from a use_tpu=False checkpoint)')
+  convert.add_argument('source', help='model_dir or checkpoint prefix')
+  convert.add_argument('destination', help='directory to write the checkpoint to')
+  convert.set_defaults(handler=_reporting_user_errors(_convert_checkpoint))
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
       prog='tpu-fc', description='Legacy TPU embedding columns and TPUEstimator '
@@ -36,6 +107,7 @@ def main(argv=None):
                     help='where to write checkpoints (default: a temporary dir)')
   demo.add_argument('--steps', type=int, default=300, help='training steps')
   demo.set_defaults(handler=_demo)
+  _add_checkpoint_commands(commands)
   args = parser.parse_args(argv)
   args.handler(args)
 

@@ -1,15 +1,21 @@
 """Export with CPU lookup: a SavedModel whose embedding lookups run on the host.
 
-The PREDICT graph is built with every embedding column looking up on the CPU,
+Two forms.  `export_saved_model` (behind `TPUEstimator.export_saved_model`): the
+PREDICT graph is built with every embedding column looking up on the CPU,
 whatever its training lookup device (tables restored from the checkpoint under their
 legacy names), and written with `tf.compat.v1.saved_model.Builder` into a timestamped
 directory, as Estimator does: serving signatures from the spec's `export_outputs`
-(default `serving_default`: the predictions).
+(default `serving_default`: the predictions).  `export_mid_level_saved_model`:
+the form a fully migrated model has, a TF2 object SavedModel of a
+`TPUEmbeddingForServing` (tables restored from a mid-level or legacy checkpoint)
+followed by the migrated dense model.
 """
 import os
+import tempfile
 
 from tensorflow.python.saved_model.model_utils import export_utils
 
+from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.estimator.spec import ModeKeys
 
@@ -76,3 +82,62 @@ def _copy_assets_extra(export_dir, assets_extra):
                           tf.compat.as_bytes(destination))
     tf.io.gfile.makedirs(os.path.dirname(target))
     tf.io.gfile.copy(source, target)
+
+
+class MidLevelServingModel(tf.Module):
+  """A migrated model: `serving_embedding_lookup` on the CPU, then the dense model.
+
+  `dense_model(activations, features)` gets the activations of the spec's
+  embedding-core features (by feature name, as `TPUEmbedding.dequeue` returns
+  them) and the raw features, and returns a dict of output tensors.
+  """
+
+  def __init__(self, spec, dense_model):
+    super().__init__()
+    self._mid_level = spec.to_mid_level()
+    self.embedding = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+        self._mid_level.feature_config, self._mid_level.optimizer)
+    self.dense_model = dense_model
+
+  def __call__(self, features):
+    inputs, weights = self._mid_level.split_features(features)
+    return self.dense_model(self.embedding.embedding_lookup(inputs, weights),
+                            features)
+
+
+
+def _restore_tables(embedding, spec, checkpoint):
+  """Loads `embedding`'s tables from a mid-level checkpoint, or a legacy one."""
+  prefix = checkpoint_conversion.checkpoint_prefix(checkpoint)
+  if not checkpoint_conversion.is_mid_level_checkpoint(prefix):
+    prefix = checkpoint_conversion.to_mid_level_checkpoint(
+        spec, prefix, tempfile.mkdtemp(), fresh_slots=True)
+  status = tf.train.Checkpoint(embedding=embedding).read(prefix)
+  embedding.embedding_tables  # pylint: disable=pointless-statement  (builds them)
+  status.assert_existing_objects_matched()
+
+
+def export_mid_level_saved_model(export_dir, spec, dense_model, feature_spec,
+                                 checkpoint):
+  """Writes a TF2 SavedModel: CPU embedding lookup + `dense_model`; returns its model.
+
+  Args:
+    export_dir: where to write the SavedModel.
+    spec: the `EmbeddingConfigSpec` (its `to_mid_level()` configs are served).
+    dense_model: trackable callable `(activations, features) -> {name: tensor}`
+      (e.g. a `tf.Module` or Keras model holding the trained dense weights).
+    feature_spec: `tf.io.parse_example` spec of the request's `tf.Example`s.
+    checkpoint: the tables: a mid-level or legacy checkpoint prefix or model_dir.
+
+  The `serving_default` signature takes serialized `tf.Example`s (`examples`).
+  """
+  model = MidLevelServingModel(spec, dense_model)
+  _restore_tables(model.embedding, spec, checkpoint)
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name='examples')])
+  def serve_examples(examples):
+    return model(tf.io.parse_example(examples, feature_spec))
+
+  tf.saved_model.save(model, export_dir,
+                      signatures={'serving_default': serve_examples})
+  return model

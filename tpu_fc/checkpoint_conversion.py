@@ -1,0 +1,456 @@
+"""Checkpoint conversion between legacy TPUEstimator names and mid-level objects.
+
+Legacy (name-based `tf.compat.v1.train.Saver`) checkpoints hold each table under
+the name its feature column gave it (`dense_features/a_embedding/embedding_weights`,
+a shared collection's name, a dict-path table's name) and the embedding
+optimizer's slots under legacy suffixes (`<table>/Adagrad`, `<table>/Adam/m`, ...).
+Mid-level (object-based `tf.train.Checkpoint(embedding=TPUEmbedding)`) checkpoints
+hold `embedding/<table>/.ATTRIBUTES/VARIABLE_VALUE` and
+`embedding/<table>.S<slot>/.ATTRIBUTES/VARIABLE_VALUE` for the tables of
+`spec.to_mid_level()`. Every other variable (the dense model, its optimizer
+slots) is carried under its legacy name in a `dense` dict, the global step as
+`global_step`, and the legacy table names as `legacy_table_names`, so converting
+back reproduces the original checkpoint's names and values bit for bit.
+"""
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from tpu_fc import columns as columns_lib
+from tpu_fc import optimizers
+from tpu_fc import spec as spec_lib
+from tpu_fc.lookup.embedding_core import DUMMY_VARIABLE_PREFIX
+
+EMBEDDING_KEY = 'embedding'
+DENSE_KEY = 'dense'
+GLOBAL_STEP_KEY = 'global_step'
+LEGACY_NAMES_KEY = 'legacy_table_names'
+_ATTRIBUTE_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
+_OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
+_GLOBAL_STEP_NAME = 'global_step'
+_MID_LEVEL_PREFIX = 'ckpt'
+_LEGACY_PREFIX = 'model.ckpt'
+# Slot suffixes only the TPU embedding optimizers write (model optimizers differ).
+_TPU_ONLY_SLOT_SUFFIXES = ('Adam/m', 'RMSProp/ms')
+
+
+class CheckpointConversionError(ValueError):
+  """A checkpoint that does not map onto the spec; nothing was written."""
+
+
+# Reading -----------------------------------------------------------------------
+
+
+def checkpoint_prefix(path):
+  """The checkpoint prefix for a model_dir (its latest) or a prefix."""
+  if tf.io.gfile.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if latest is None:
+      raise CheckpointConversionError(
+          'No checkpoint found in directory {}.'.format(path))
+    return latest
+  if not tf.io.gfile.exists(path + '.index'):
+    raise CheckpointConversionError(
+        'No checkpoint at {} (expected {}.index).'.format(path, path))
+  return path
+
+
+def _read(path):
+  """(prefix, {name: numpy value}) of every tensor in the checkpoint."""
+  prefix = checkpoint_prefix(path)
+  reader = tf.train.load_checkpoint(prefix)
+  names = sorted(reader.get_variable_to_shape_map())
+  return prefix, {name: reader.get_tensor(name) for name in names
+                  if name != _OBJECT_GRAPH_KEY}
+
+
+def is_mid_level_checkpoint(prefix):
+  """Whether the checkpoint at `prefix` holds mid-level `embedding/...` objects."""
+  names = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+  return _is_mid_level(names)
+
+
+def _is_mid_level(names):
+  return any(name.startswith(EMBEDDING_KEY + '/') and
+             name.endswith(_ATTRIBUTE_SUFFIX) for name in names)
+
+
+def _object_key(*path):
+  """`tf.train.Checkpoint` key of a variable reached by `path` of child names."""
+  return '/'.join(part.replace('/', '.S') for part in path) + _ATTRIBUTE_SUFFIX
+
+
+def _table_parameters(spec, table):
+  """The tpu_fc Parameters that train `table` on the embedding core."""
+  return table.optimizer or optimizers.as_tpu_fc_parameters(
+      spec.optimization_parameters)
+
+
+def _default_legacy_name(table, layout):
+  """The name TPUEstimator gave `table` in a `DenseFeatures` model (no record)."""
+  column = layout.features_of(table.name)[0].column
+  if column is None:
+    return table.name
+  if isinstance(column, (columns_lib.SharedEmbeddingColumn,
+                         columns_lib.SharedDeviceSpecificEmbeddingColumn)):
+    return column.get_embedding_var_name()
+  return 'dense_features/{}/embedding_weights'.format(column.name)
+
+
+def _name_matches(name, table, layout):
+  """Whether checkpoint variable `name` can be `table` (any enclosing scope)."""
+  column = layout.features_of(table.name)[0].column
+  if column is None:
+    return name == table.name
+  if isinstance(column, (columns_lib.SharedEmbeddingColumn,
+                         columns_lib.SharedDeviceSpecificEmbeddingColumn)):
+    suffix = column.get_embedding_var_name()
+  else:
+    suffix = '{}/embedding_weights'.format(column.name)
+  return name == suffix or name.endswith('/' + suffix)
+
+
+def _find_legacy_names(values, layout, table_names):
+  """Table name -> its legacy variable name in `values` (exactly one match)."""
+  found = {}
+  for table in layout.tables:
+    if table.name in table_names:
+      candidates = [table_names[table.name]]
+    else:
+      candidates = [name for name, value in values.items()
+                    if np.ndim(value) == 2 and _name_matches(name, table, layout)]
+    if len(candidates) != 1 or candidates[0] not in values:
+      raise CheckpointConversionError(
+          'Table {} (feature(s) {}): expected one checkpoint variable for it, '
+          'found {}. Name it with table_names={{{!r}: <checkpoint name>}} '
+          '(--table-name {}=<checkpoint name>).'.format(
+              table.name, [f.name for f in layout.features_of(table.name)],
+              candidates or 'none', table.name, table.name))
+    found[table.name] = candidates[0]
+  return found
+
+
+def _check_shape(table, name, value):
+  expected = (table.vocabulary_size, table.dimension)
+  if tuple(np.shape(value)) != expected:
+    raise CheckpointConversionError(
+        'Table {}: checkpoint variable {} has shape {}, but the spec says '
+        '[vocabulary_size, dimension] = {} (vocabulary or dimension '
+        'changed?).'.format(table.name, name, list(np.shape(value)),
+                            list(expected)))
+
+
+def _table_variable_names(values, legacy_name):
+  """Checkpoint names below a table (its slots, whichever optimizer made them)."""
+  return sorted(name for name in values if name.startswith(legacy_name + '/'))
+
+
+def _is_dummy(name):
+  """TPUEstimator's per-table dummy variables (and their model-optimizer slots)."""
+  return name.split('/')[0].startswith(DUMMY_VARIABLE_PREFIX)
+
+
+# Legacy -> mid-level -------------------------------------------------------------
+
+
+def _mid_level_embedding(spec):
+  """A CPU `TPUEmbedding` of the spec; its tables and slots by checkpoint child name."""
+  mid_level = spec.to_mid_level()
+  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
+      mid_level.feature_config, mid_level.optimizer)
+  embedding.embedding_tables  # pylint: disable=pointless-statement  (builds them)
+  children = tf.train.TrackableView(embedding).children(embedding)
+  return embedding, {name: child for name, child in children.items()
+                     if isinstance(child, tf.Variable)}
+
+
+def to_mid_level_checkpoint(spec, source, destination, table_names=None,
+                            fresh_slots=False):
+  """Converts a legacy checkpoint into a mid-level object checkpoint.
+
+  Args:
+    spec: the model's `EmbeddingConfigSpec`.
+    source: a legacy checkpoint prefix, or a model_dir (its latest checkpoint).
+    destination: directory for the mid-level checkpoint (`ckpt-<global step>`).
+    table_names: optional {table name: legacy variable name}, for tables whose
+      legacy name cannot be found unambiguously.
+    fresh_slots: start the embedding optimizer's slots at their initial values
+      when the source has none of them (e.g. a `use_tpu=False` checkpoint, whose
+      tables were trained by the model's optimizer); other variables under the
+      table are then carried as dense variables.
+
+  Returns:
+    The written checkpoint prefix.
+
+  Raises:
+    CheckpointConversionError: a table is missing, ambiguous or of another shape,
+      or a slot of the target optimizer is missing, or the source holds slots the
+      target optimizer lacks.
+  """
+  _, values = _read(source)
+  if _is_mid_level(values):
+    raise CheckpointConversionError(
+        '{} is already a mid-level (object-based) checkpoint.'.format(source))
+  layout = spec.embedding_layout()
+  legacy_names = _find_legacy_names(values, layout, dict(table_names or {}))
+  new_values, carried = {}, set()
+  for table in layout.tables:
+    legacy_name = legacy_names[table.name]
+    _check_shape(table, legacy_name, values[legacy_name])
+    new_values[table.name] = values[legacy_name]
+    carried.add(legacy_name)
+    parameters = _table_parameters(spec, table)
+    below = _table_variable_names(values, legacy_name)
+    expected = {'{}/{}'.format(legacy_name, suffix): slot
+                for suffix, slot in parameters.SLOTS}
+    missing = sorted(set(expected) - set(values))
+    if missing and not (fresh_slots and len(missing) == len(expected)):
+      raise CheckpointConversionError(
+          'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
+          ' Pass fresh_slots=True (--fresh-slots) to start the optimizer state '
+          'anew.'.format(table.name, type(parameters).__name__, missing, below))
+    unexpected = sorted(set(below) - set(expected))
+    if unexpected and not missing:
+      raise CheckpointConversionError(
+          'Table {}: the checkpoint holds {}, which {} has no slot for.'.format(
+              table.name, unexpected, type(parameters).__name__))
+    initial = parameters.slot_initial_values()
+    for name, slot in expected.items():
+      new_values['{}/{}'.format(table.name, slot)] = (
+          values[name] if name in values else
+          np.full_like(values[legacy_name], initial[slot]))
+      carried.add(name)
+  dense = {name: value for name, value in values.items()
+           if name not in carried and name != _GLOBAL_STEP_NAME
+           and not _is_dummy(name)}
+  global_step = values.get(_GLOBAL_STEP_NAME, np.int64(0))
+  return _write_mid_level(spec, new_values, dense, global_step, legacy_names,
+                          destination)
+
+
+def _write_mid_level(spec, embedding_values, dense, global_step, legacy_names,
+                     destination):
+  embedding, variables = _mid_level_embedding(spec)
+  for name, variable in variables.items():
+    variable.assign(embedding_values[name])
+  checkpoint = tf.train.Checkpoint(**{
+      EMBEDDING_KEY: embedding,
+      DENSE_KEY: {name: tf.Variable(value, name=name.replace('/', '_'))
+                  for name, value in dense.items()},
+      GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64),
+      LEGACY_NAMES_KEY: tf.Variable(json.dumps(legacy_names, sort_keys=True)),
+  })
+  manager = tf.train.CheckpointManager(
+      checkpoint, destination, max_to_keep=None,
+      checkpoint_name=_MID_LEVEL_PREFIX)
+  return manager.save(checkpoint_number=int(global_step))
+
+
+# Mid-level -> legacy -------------------------------------------------------------
+
+
+def to_legacy_checkpoint(spec, source, destination, table_names=None):
+  """Converts a mid-level object checkpoint into a legacy (TPUEstimator) one.
+
+  Table names are those recorded when the checkpoint was converted from legacy,
+  else `table_names`, else the names a `DenseFeatures` model gives them.
+  Returns the written prefix `destination/model.ckpt-<global step>`, with a
+  `checkpoint` file so `TPUEstimator(model_dir=destination)` resumes from it.
+  """
+  _, values = _read(source)
+  if not _is_mid_level(values):
+    raise CheckpointConversionError(
+        '{} is not a mid-level (object-based) checkpoint: no {}/... '
+        'variables.'.format(source, EMBEDDING_KEY))
+  layout = spec.embedding_layout()
+  recorded_key = _object_key(LEGACY_NAMES_KEY)
+  recorded = (json.loads(values[recorded_key].decode())
+              if recorded_key in values else {})
+  recorded.update(table_names or {})
+  legacy = {}
+  for table in layout.tables:
+    table_key = _object_key(EMBEDDING_KEY, table.name)
+    if table_key not in values:
+      raise CheckpointConversionError(
+          'Table {} is not in the mid-level checkpoint {} (it has {}).'.format(
+              table.name, source, _embedding_children(values)))
+    _check_shape(table, table_key, values[table_key])
+    legacy_name = recorded.get(table.name) or _default_legacy_name(table, layout)
+    legacy[legacy_name] = values[table_key]
+    parameters = _table_parameters(spec, table)
+    for suffix, slot in parameters.SLOTS:
+      slot_key = _object_key(EMBEDDING_KEY, '{}/{}'.format(table.name, slot))
+      if slot_key not in values:
+        raise CheckpointConversionError(
+            'Table {}: the mid-level checkpoint lacks the {} slot {!r}.'.format(
+                table.name, type(parameters).__name__, slot))
+      legacy['{}/{}'.format(legacy_name, suffix)] = values[slot_key]
+  dense_prefix = DENSE_KEY + '/'
+  for key, value in values.items():
+    if key.startswith(dense_prefix) and key.endswith(_ATTRIBUTE_SUFFIX):
+      name = key[len(dense_prefix):-len(_ATTRIBUTE_SUFFIX)].replace('.S', '/')
+      legacy[name] = value
+  global_step = values.get(_object_key(GLOBAL_STEP_KEY), np.int64(0))
+  legacy[_GLOBAL_STEP_NAME] = np.int64(global_step)
+  return _write_legacy(legacy, destination, int(global_step))
+
+
+def _embedding_children(values):
+  prefix = EMBEDDING_KEY + '/'
+  return sorted(key[len(prefix):-len(_ATTRIBUTE_SUFFIX)] for key in values
+                if key.startswith(prefix))
+
+
+def _write_legacy(values, destination, global_step):
+  """A name-based checkpoint of `values`, as `Saver.save` writes it."""
+  tf.io.gfile.makedirs(destination)
+  prefix = os.path.join(destination, '{}-{}'.format(_LEGACY_PREFIX, global_step))
+  with tf.Graph().as_default(), tf.device('/cpu:0'):
+    placeholders = {name: tf.compat.v1.placeholder(
+        tf.as_dtype(value.dtype), np.shape(value))
+                    for name, value in values.items()}
+    variables = {name: tf.compat.v1.Variable(placeholder, trainable=False,
+                                             use_resource=True)
+                 for name, placeholder in placeholders.items()}
+    saver = tf.compat.v1.train.Saver(variables, max_to_keep=None)
+    with tf.compat.v1.Session() as session:
+      session.run([v.initializer for v in variables.values()],
+                  {placeholders[name]: value for name, value in values.items()})
+      return saver.save(session, prefix, write_meta_graph=False)
+
+
+# Inspection ------------------------------------------------------------------------
+
+
+def _slot_signatures():
+  """Slot suffixes (legacy) and slot names (mid-level) -> optimizer description."""
+  legacy, mid_level = {}, {}
+  for parameters in optimizers.SUPPORTED_OPTIMIZERS:
+    name = parameters.__name__[:-len('Parameters')]
+    legacy[frozenset(s for s, _ in parameters.SLOTS)] = name + ' (TPU embedding)'
+    mid_level.setdefault(frozenset(m for _, m in parameters.SLOTS), name)
+  legacy.update({
+      frozenset({'Adam', 'Adam_1'}): 'Adam (model optimizer, use_tpu=False)',
+      frozenset({'RMSProp', 'RMSProp_1'}): 'RMSProp (model optimizer, use_tpu=False)',
+  })
+  return legacy, mid_level
+
+
+def _file_size(prefix):
+  directory, base = os.path.split(prefix)
+  return sum(tf.io.gfile.stat(os.path.join(directory, name)).length
+             for name in tf.io.gfile.listdir(directory or '.')
+             if name.startswith(base + '.'))
+
+
+def inspect_checkpoint(path, spec=None):
+  """What a checkpoint holds: format, global step, tables with slots, dense variables.
+
+  Without a spec, tables are the rank-2 variables named like feature-column tables
+  (`.../embedding_weights`, `..._shared_embedding`) or owning TPU-only slots
+  (`Adam/m`, `RMSProp/ms`); with one, exactly the spec's tables.
+  """
+  prefix, values = _read(path)
+  mid_level = _is_mid_level(values)
+  legacy_signatures, mid_level_signatures = _slot_signatures()
+  tables, table_variables = [], set()
+  if mid_level:
+    children = _embedding_children(values)
+    for name in [c for c in children if '.S' not in c]:
+      slots = {c.split('.S', 1)[1]: list(np.shape(values[_object_key(
+          EMBEDDING_KEY, c.replace('.S', '/'))])) for c in children
+               if c.startswith(name + '.S')}
+      tables.append(_table_entry(name, values[_object_key(EMBEDDING_KEY, name)],
+                                 slots, mid_level_signatures))
+    table_variables = {k for k in values if k.startswith(EMBEDDING_KEY + '/')}
+    dense = {k[len(DENSE_KEY) + 1:-len(_ATTRIBUTE_SUFFIX)].replace('.S', '/'): v
+             for k, v in values.items() if k.startswith(DENSE_KEY + '/')}
+    global_step = values.get(_object_key(GLOBAL_STEP_KEY))
+  else:
+    if spec is not None:
+      layout = spec.embedding_layout()
+      names = list(_find_legacy_names(values, layout, {}).values())
+    else:
+      names = [n for n, v in values.items() if np.ndim(v) == 2 and
+               not _is_dummy(n) and _looks_like_table(n, values)]
+    for name in sorted(names):
+      below = _table_variable_names(values, name)
+      slots = {n[len(name) + 1:]: list(np.shape(values[n])) for n in below}
+      tables.append(_table_entry(name, values[name], slots, legacy_signatures))
+      table_variables.update([name] + below)
+    dense = {n: v for n, v in values.items() if n not in table_variables
+             and n != _GLOBAL_STEP_NAME}
+    global_step = values.get(_GLOBAL_STEP_NAME)
+  return {
+      'checkpoint': prefix,
+      'format': 'mid-level' if mid_level else 'legacy',
+      'global_step': None if global_step is None else int(global_step),
+      'tables': tables,
+      'dense_variables': [
+          {'name': n, 'shape': list(np.shape(v)), 'dtype': str(np.asarray(v).dtype)}
+          for n, v in sorted(dense.items())],
+      'size_bytes': _file_size(prefix),
+  }
+
+
+def _looks_like_table(name, values):
+  """A feature-column table name, or a variable with TPU-only slot suffixes."""
+  if name.endswith('/embedding_weights') or name.endswith('_shared_embedding'):
+    return True
+  return any(name + '/' + suffix in values for suffix in _TPU_ONLY_SLOT_SUFFIXES)
+
+
+def _table_entry(name, value, slots, signatures):
+  return {
+      'name': name,
+      'shape': list(np.shape(value)),
+      'slots': slots,
+      'optimizer': signatures.get(frozenset(slots),
+                                  'unknown (slots {})'.format(sorted(slots))),
+  }
+
+
+def format_inspection(report):
+  """Human-readable lines of `inspect_checkpoint`'s report."""
+  lines = ['checkpoint:  {}'.format(report['checkpoint']),
+           'format:      {}'.format(report['format']),
+           'global step: {}'.format(report['global_step']),
+           'size:        {} bytes'.format(report['size_bytes']),
+           'tables ({}):'.format(len(report['tables']))]
+  for table in report['tables']:
+    lines.append('  {}  {}  optimizer: {}'.format(
+        table['name'], table['shape'], table['optimizer']))
+    lines.extend('    slot {}  {}'.format(slot, shape)
+                 for slot, shape in sorted(table['slots'].items()))
+  lines.append('dense variables ({}):'.format(len(report['dense_variables'])))
+  lines.extend('  {}  {}  {}'.format(v['name'], v['shape'], v['dtype'])
+               for v in report['dense_variables'])
+  return '\n'.join(lines)
+
+
+def spec_from_reference(reference):
+  """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the EmbeddingConfigSpec it names.
+
+  ATTR may be a spec or a zero-argument callable returning one.
+  """
+  import importlib  # pylint: disable=g-import-not-at-top
+  import runpy  # pylint: disable=g-import-not-at-top
+  module_name, _, attribute = reference.rpartition(':')
+  if not module_name or not attribute:
+    raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
+        reference))
+  if module_name.endswith('.py'):
+    namespace = runpy.run_path(module_name)
+  else:
+    namespace = vars(importlib.import_module(module_name))
+  if attribute not in namespace:
+    raise ValueError('{} has no attribute {!r}.'.format(module_name, attribute))
+  spec = namespace[attribute]
+  if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
+    spec = spec()
+  if not isinstance(spec, spec_lib.EmbeddingConfigSpec):
+    raise ValueError('{} is a {}, not an EmbeddingConfigSpec.'.format(
+        reference, type(spec).__name__))
+  return spec
