@@ -166,6 +166,32 @@ def _mid_level_embedding(spec):
                      if isinstance(child, tf.Variable)}
 
 
+def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots):
+  """({mid-level child name: value}, legacy names used) of one table and its slots."""
+  _check_shape(table, legacy_name, values[legacy_name])
+  below = _table_variable_names(values, legacy_name)
+  expected = {'{}/{}'.format(legacy_name, suffix): slot
+              for suffix, slot in parameters.SLOTS}
+  missing = sorted(set(expected) - set(values))
+  if missing and not (fresh_slots and len(missing) == len(expected)):
+    raise CheckpointConversionError(
+        'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
+        ' Pass fresh_slots=True (--fresh-slots) to start the optimizer state '
+        'anew.'.format(table.name, type(parameters).__name__, missing, below))
+  unexpected = sorted(set(below) - set(expected))
+  if unexpected and not missing:
+    raise CheckpointConversionError(
+        'Table {}: the checkpoint holds {}, which {} has no slot for.'.format(
+            table.name, unexpected, type(parameters).__name__))
+  initial = parameters.slot_initial_values()
+  table_values = {table.name: values[legacy_name]}
+  for name, slot in expected.items():
+    table_values['{}/{}'.format(table.name, slot)] = (
+        values[name] if name in values else
+        np.full_like(values[legacy_name], initial[slot]))
+  return table_values, [legacy_name] + list(expected)
+
+
 def to_mid_level_checkpoint(spec, source, destination, table_names=None,
                             fresh_slots=False):
   """Converts a legacy checkpoint into a mid-level object checkpoint.
@@ -193,52 +219,26 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
   if _is_mid_level(values):
     raise CheckpointConversionError(
         '{} is already a mid-level (object-based) checkpoint.'.format(source))
+  embedding, variables = _mid_level_embedding(spec)  # fails first if no twin
   layout = spec.embedding_layout()
   legacy_names = _find_legacy_names(values, layout, dict(table_names or {}))
   new_values, carried = {}, set()
   for table in layout.tables:
-    legacy_name = legacy_names[table.name]
-    _check_shape(table, legacy_name, values[legacy_name])
-    new_values[table.name] = values[legacy_name]
-    carried.add(legacy_name)
-    parameters = _table_parameters(spec, table)
-    below = _table_variable_names(values, legacy_name)
-    expected = {'{}/{}'.format(legacy_name, suffix): slot
-                for suffix, slot in parameters.SLOTS}
-    missing = sorted(set(expected) - set(values))
-    if missing and not (fresh_slots and len(missing) == len(expected)):
-      raise CheckpointConversionError(
-          'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
-          ' Pass fresh_slots=True (--fresh-slots) to start the optimizer state '
-          'anew.'.format(table.name, type(parameters).__name__, missing, below))
-    unexpected = sorted(set(below) - set(expected))
-    if unexpected and not missing:
-      raise CheckpointConversionError(
-          'Table {}: the checkpoint holds {}, which {} has no slot for.'.format(
-              table.name, unexpected, type(parameters).__name__))
-    initial = parameters.slot_initial_values()
-    for name, slot in expected.items():
-      new_values['{}/{}'.format(table.name, slot)] = (
-          values[name] if name in values else
-          np.full_like(values[legacy_name], initial[slot]))
-      carried.add(name)
+    table_values, sources = _mid_level_table_values(
+        table, _table_parameters(spec, table), values, legacy_names[table.name],
+        fresh_slots)
+    new_values.update(table_values)
+    carried.update(sources)
   dense = {name: value for name, value in values.items()
            if name not in carried and name != _GLOBAL_STEP_NAME
            and not _is_dummy(name)}
   global_step = values.get(_GLOBAL_STEP_NAME, np.int64(0))
-  return _write_mid_level(spec, new_values, dense, global_step, legacy_names,
-                          destination)
-
-
-def _write_mid_level(spec, embedding_values, dense, global_step, legacy_names,
-                     destination):
-  embedding, variables = _mid_level_embedding(spec)
   for name, variable in variables.items():
-    variable.assign(embedding_values[name])
+    variable.assign(new_values[name])
   checkpoint = tf.train.Checkpoint(**{
       EMBEDDING_KEY: embedding,
       DENSE_KEY: {name: tf.Variable(value, name=name.replace('/', '_'))
-                  for name, value in dense.items()},
+                  for name, value in dense.items()},  # legacy names as keys
       GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64),
       LEGACY_NAMES_KEY: tf.Variable(json.dumps(legacy_names, sort_keys=True)),
   })

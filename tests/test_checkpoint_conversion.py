@@ -1,0 +1,373 @@
+"""Checkpoint conversion legacy <-> mid-level, `tpu-fc inspect` / `convert-checkpoint`.
+
+Checkpoints are written by tpu_fc's TPUEstimator (emulated TPU: the embedding
+optimizer's legacy slots; use_tpu=False: the model optimizer's) and, on the legacy
+lane, by TF 2.15's real TPUEstimator.  Expected values are read back from the
+source checkpoint by name; the converted checkpoint must restore into a real
+`TPUEmbedding` / `TPUEmbeddingForServing` with those values and convert back bit
+for bit.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import tpu_fc
+from tpu_fc import __main__ as cli
+from tpu_fc import checkpoint_conversion as conversion
+from tpu_fc._tf import TF_VERSION
+from tpu_fc._tf import tf
+
+fc = tf.feature_column
+BATCH = 4
+A_TABLE = 'dense_features/a_embedding/embedding_weights'
+SHARED_TABLE = 'b_c_shared_embedding'
+OPTIMIZERS = {
+    'sgd': tpu_fc.StochasticGradientDescentParameters(0.1),
+    'adagrad': tpu_fc.AdagradParameters(0.1, initial_accumulator=0.2),
+    'adam': tpu_fc.AdamParameters(0.1),
+    'ftrl': tpu_fc.FtrlParameters(0.1, initial_accumulator_value=0.3),
+}
+
+
+def make_spec(optimizer=OPTIMIZERS['adagrad'], a_vocabulary=10):
+  """A plain, a weighted and a shared pair of embedding columns."""
+  a = tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('a', a_vocabulary), 4)
+  w = tpu_fc.embedding_column(fc.weighted_categorical_column(
+      fc.categorical_column_with_identity('w', 5), 'w_weight'), 2)
+  b, c = tpu_fc.shared_embedding_columns(
+      [fc.categorical_column_with_identity('b', 7),
+       fc.categorical_column_with_identity('c', 7)], 3)
+  return tpu_fc.EmbeddingConfigSpec(feature_columns=[a, w, b, c],
+                                    optimization_parameters=optimizer)
+
+
+def model_fn(features, labels, mode, params):
+  net = tf.keras.layers.DenseFeatures(params['columns'])(features)
+  if params.get('partitioned'):
+    with tf.compat.v1.variable_scope(
+        'input', partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+      net = tf.compat.v1.feature_column.input_layer(
+          features, params['columns'][:1])
+  logits = tf.compat.v1.layers.dense(net, 1)
+  loss = tf.reduce_mean(tf.square(logits - labels))
+  optimizer = params.get('model_optimizer', tf.compat.v1.train.AdagradOptimizer)(0.1)
+  if params['use_tpu']:
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+  spec_class = params.get('spec_class', tpu_fc.TPUEstimatorSpec)
+  return spec_class(mode, loss=loss, train_op=optimizer.minimize(
+      loss, tf.compat.v1.train.get_global_step()))
+
+
+def _sparse(values):
+  """Every entry of a [batch, n] array as a SparseTensor value (zeros kept)."""
+  indices = np.array([(row, col) for row in range(values.shape[0])
+                      for col in range(values.shape[1])], np.int64)
+  return tf.SparseTensor(indices, tf.constant(values.reshape(-1)),
+                         values.shape)
+
+
+def input_fn(params):
+  batch = params['batch_size']
+  rng = np.random.RandomState(0)
+  features = {key: _sparse(rng.randint(0, size, (batch, 2)).astype(np.int64))
+              for key, size in (('a', 10), ('w', 5), ('b', 7), ('c', 7))}
+  features['w_weight'] = _sparse(
+      rng.uniform(0.5, 2, (batch, 2)).astype(np.float32))
+  labels = tf.constant(rng.uniform(size=(batch, 1)), tf.float32)
+  return tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+
+def train(model_dir, spec, use_tpu=True, steps=2, **params):
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, model_dir=str(model_dir), use_tpu=use_tpu,
+      train_batch_size=BATCH, params=dict(params, columns=spec.feature_columns),
+      embedding_config_spec=spec if use_tpu else None,
+      config=tpu_fc.RunConfig(tf_random_seed=1))
+  estimator.train(input_fn, steps=steps)
+  return estimator
+
+
+def checkpoint_values(path):
+  reader = tf.train.load_checkpoint(str(path))
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+def legacy_slot_names(spec):
+  return {table: ['{}/{}'.format(table, suffix)
+                  for suffix, _ in spec.optimization_parameters.SLOTS]
+          for table in (A_TABLE, SHARED_TABLE)}
+
+
+@pytest.fixture(scope='module', params=sorted(OPTIMIZERS))
+def trained(request, tmp_path_factory):
+  """(spec, legacy model_dir, mid-level checkpoint prefix) per optimizer."""
+  spec = make_spec(OPTIMIZERS[request.param])
+  model_dir = tmp_path_factory.mktemp('legacy_' + request.param)
+  train(model_dir, spec)
+  mid_level = conversion.to_mid_level_checkpoint(
+      spec, str(model_dir), str(model_dir / 'mid_level'))
+  return spec, model_dir, mid_level
+
+
+def test_mid_level_checkpoint_has_the_legacy_values(trained):
+  spec, model_dir, mid_level = trained
+  legacy = checkpoint_values(model_dir)
+  converted = checkpoint_values(mid_level)
+  tables = {'tbl_a': A_TABLE, 'tbl_b_c_shared_embedding': SHARED_TABLE}
+  for table, legacy_name in tables.items():
+    np.testing.assert_array_equal(
+        converted['embedding/{}/.ATTRIBUTES/VARIABLE_VALUE'.format(table)],
+        legacy[legacy_name])
+    for suffix, slot in spec.optimization_parameters.SLOTS:
+      np.testing.assert_array_equal(
+          converted['embedding/{}.S{}/.ATTRIBUTES/VARIABLE_VALUE'.format(
+              table, slot)], legacy['{}/{}'.format(legacy_name, suffix)])
+  np.testing.assert_array_equal(
+      converted['dense/dense.Skernel/.ATTRIBUTES/VARIABLE_VALUE'],
+      legacy['dense/kernel'])
+  assert converted['global_step/.ATTRIBUTES/VARIABLE_VALUE'] == 2
+  assert not any(conversion.DUMMY_VARIABLE_PREFIX in name for name in converted)
+
+
+@pytest.mark.parametrize('serving', [False, True], ids=['TPUEmbedding',
+                                                        'TPUEmbeddingForServing'])
+def test_mid_level_checkpoint_restores_into_a_real_tpu_embedding(trained, serving):
+  spec, model_dir, mid_level = trained
+  config = spec.to_mid_level()
+  embedding_class = (tf.tpu.experimental.embedding.TPUEmbeddingForServing
+                     if serving else tf.tpu.experimental.embedding.TPUEmbedding)
+  embedding = embedding_class(config.feature_config, config.optimizer)
+  status = tf.train.Checkpoint(embedding=embedding).read(mid_level)
+  tables = {t.name: v for t, v in embedding.embedding_tables.items()}
+  status.assert_existing_objects_matched()
+  legacy = checkpoint_values(model_dir)
+  np.testing.assert_array_equal(tables['tbl_a'].numpy(), legacy[A_TABLE])
+  np.testing.assert_array_equal(tables['tbl_b_c_shared_embedding'].numpy(),
+                                legacy[SHARED_TABLE])
+
+
+def test_round_trip_gives_the_original_checkpoint_bit_for_bit(trained, tmp_path):
+  spec, model_dir, mid_level = trained
+  back = conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path))
+  original = {name: value for name, value in checkpoint_values(model_dir).items()
+              if not name.startswith(conversion.DUMMY_VARIABLE_PREFIX)}
+  converted = checkpoint_values(back)
+  assert sorted(converted) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(converted[name], value, err_msg=name)
+  assert tf.train.latest_checkpoint(str(tmp_path)) == back
+
+
+def test_converted_back_checkpoint_resumes_training(tmp_path):
+  spec = make_spec()
+  train(tmp_path / 'legacy', spec)
+  mid_level = conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path / 'legacy'), str(tmp_path / 'mid'))
+  conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'back'))
+  estimator = train(tmp_path / 'back', spec, steps=1)
+  assert estimator.get_variable_value('global_step') == 3
+
+
+def test_native_mid_level_checkpoint_gets_dense_features_names(tmp_path):
+  spec = make_spec(OPTIMIZERS['adam'])
+  config = spec.to_mid_level()
+  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
+      config.feature_config, config.optimizer)
+  tables = embedding.embedding_tables  # builds tables and slots
+  rng = np.random.RandomState(3)
+  for child in tf.train.TrackableView(embedding).children(embedding).values():
+    if isinstance(child, tf.Variable):
+      child.assign(rng.uniform(size=child.shape).astype(np.float32))
+  tables = {t.name: v.numpy() for t, v in tables.items()}
+  prefix = tf.train.Checkpoint(embedding=embedding).write(str(tmp_path / 'ck'))
+  legacy = checkpoint_values(
+      conversion.to_legacy_checkpoint(spec, prefix, str(tmp_path / 'legacy')))
+  np.testing.assert_array_equal(legacy[A_TABLE], tables['tbl_a'])
+  np.testing.assert_array_equal(legacy[SHARED_TABLE],
+                                tables['tbl_b_c_shared_embedding'])
+  np.testing.assert_array_equal(
+      legacy['dense_features/w_weighted_by_w_weight_embedding/embedding_weights'],
+      tables['tbl_w_weighted_by_w_weight'])
+  assert sorted(n for n in legacy if n.startswith(A_TABLE + '/')) == sorted(
+      legacy_slot_names(spec)[A_TABLE])
+  assert legacy['global_step'] == 0
+
+
+def test_use_tpu_false_partitioned_tables_convert_with_fresh_slots(tmp_path):
+  spec = make_spec(OPTIMIZERS['adam'])
+  train(tmp_path, spec, use_tpu=False, partitioned=True)
+  values = checkpoint_values(tmp_path)
+  partitioned_a = 'input/input_layer/a_embedding/embedding_weights'
+  assert values[partitioned_a].shape == (10, 4)  # parts saved as one variable
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match=r"Table tbl_a \(feature\(s\) \['a'\]\): expected one "
+                     r'checkpoint variable for it, found .*' + partitioned_a):
+    conversion.to_mid_level_checkpoint(spec, str(tmp_path), str(tmp_path / 'x'))
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match=r'lacks the AdamParameters slot.*--fresh-slots'):
+    conversion.to_mid_level_checkpoint(
+        spec, str(tmp_path), str(tmp_path / 'x'), {'tbl_a': partitioned_a})
+  mid_level = checkpoint_values(conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path), str(tmp_path / 'mid'), {'tbl_a': partitioned_a},
+      fresh_slots=True))
+  key = 'embedding/{}/.ATTRIBUTES/VARIABLE_VALUE'
+  np.testing.assert_array_equal(mid_level[key.format('tbl_a')],
+                                values[partitioned_a])
+  initial = spec.optimization_parameters.slot_initial_values()
+  for slot, value in initial.items():
+    np.testing.assert_array_equal(
+        mid_level[key.format('tbl_a.S' + slot)], np.full((10, 4), value))
+  # The model optimizer's slots of the table are kept, as dense variables.
+  assert 'dense/{}.SAdagrad/.ATTRIBUTES/VARIABLE_VALUE'.format(
+      partitioned_a.replace('/', '.S')) in mid_level
+
+
+def test_slots_of_another_optimizer_are_refused(tmp_path):
+  train(tmp_path, make_spec(OPTIMIZERS['adam']))
+  with pytest.raises(conversion.CheckpointConversionError) as error:
+    conversion.to_mid_level_checkpoint(make_spec(OPTIMIZERS['sgd']),
+                                       str(tmp_path), str(tmp_path / 'x'))
+  assert str(error.value) == (
+      "Table tbl_a: the checkpoint holds ['{0}/Adam/m', '{0}/Adam/v'], which "
+      'StochasticGradientDescentParameters has no slot for.'.format(A_TABLE))
+  assert not os.path.exists(tmp_path / 'x')
+
+
+def test_changed_vocabulary_is_refused(tmp_path):
+  spec = make_spec()
+  train(tmp_path, spec)
+  changed = make_spec(a_vocabulary=12)
+  with pytest.raises(conversion.CheckpointConversionError) as error:
+    conversion.to_mid_level_checkpoint(changed, str(tmp_path), str(tmp_path / 'x'))
+  assert str(error.value) == (
+      'Table tbl_a: checkpoint variable {} has shape [10, 4], but the spec says '
+      '[vocabulary_size, dimension] = [12, 4] (vocabulary or dimension '
+      'changed?).'.format(A_TABLE))
+
+
+@pytest.mark.parametrize('optimizer', [
+    tpu_fc.MomentumParameters(0.1, 0.9), tpu_fc.RMSPropParameters(0.1, 0.9, 0.9, 1e-3),
+    tpu_fc.ProximalAdagradParameters(0.1)], ids=lambda o: type(o).__name__)
+def test_optimizers_without_a_mid_level_twin_are_refused(optimizer, tmp_path):
+  train(tmp_path, make_spec())
+  with pytest.raises(NotImplementedError, match='has no twin'):
+    conversion.to_mid_level_checkpoint(make_spec(optimizer), str(tmp_path),
+                                       str(tmp_path / 'x'))
+
+
+def test_wrong_direction_and_missing_checkpoint_are_refused(trained, tmp_path):
+  spec, model_dir, mid_level = trained
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match='already a mid-level'):
+    conversion.to_mid_level_checkpoint(spec, mid_level, str(tmp_path))
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match='is not a mid-level'):
+    conversion.to_legacy_checkpoint(spec, str(model_dir), str(tmp_path))
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match='No checkpoint found in directory'):
+    conversion.to_legacy_checkpoint(spec, str(tmp_path), str(tmp_path / 'x'))
+
+
+# CLI ---------------------------------------------------------------------------------
+
+SPEC_MODULE = '''
+import tpu_fc
+from tpu_fc._tf import tf
+fc = tf.feature_column
+def spec():
+  a = tpu_fc.embedding_column(fc.categorical_column_with_identity('a', 10), 4)
+  w = tpu_fc.embedding_column(fc.weighted_categorical_column(
+      fc.categorical_column_with_identity('w', 5), 'w_weight'), 2)
+  b, c = tpu_fc.shared_embedding_columns(
+      [fc.categorical_column_with_identity('b', 7),
+       fc.categorical_column_with_identity('c', 7)], 3)
+  return tpu_fc.EmbeddingConfigSpec(
+      feature_columns=[a, w, b, c],
+      optimization_parameters=tpu_fc.AdamParameters(0.1))
+'''
+
+
+def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
+  train(tmp_path / 'legacy', make_spec(OPTIMIZERS['adam']))
+  spec_file = tmp_path / 'model_spec.py'
+  spec_file.write_text(SPEC_MODULE)
+  spec_ref = '{}:spec'.format(spec_file)
+
+  cli.main(['inspect', str(tmp_path / 'legacy'), '--json'])
+  report = json.loads(capsys.readouterr().out)
+  assert report['format'] == 'legacy' and report['global_step'] == 2
+  tables = {t['name']: t for t in report['tables']}
+  assert sorted(tables) == sorted([
+      A_TABLE, SHARED_TABLE,
+      'dense_features/w_weighted_by_w_weight_embedding/embedding_weights'])
+  assert tables[A_TABLE] == {'name': A_TABLE, 'shape': [10, 4],
+                             'slots': {'Adam/m': [10, 4], 'Adam/v': [10, 4]},
+                             'optimizer': 'Adam (TPU embedding)'}
+  dense = {v['name'] for v in report['dense_variables']}
+  assert {'dense/kernel', 'dense/kernel/Adagrad', 'dense/bias'} <= dense
+  assert report['size_bytes'] > 0
+
+  cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec', spec_ref,
+            str(tmp_path / 'legacy'), str(tmp_path / 'mid')])
+  mid_level = capsys.readouterr().out.strip()
+  cli.main(['inspect', mid_level])
+  text = capsys.readouterr().out
+  assert 'format:      mid-level' in text
+  assert 'tbl_a  [10, 4]  optimizer: Adam' in text
+  cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', spec_ref,
+            str(tmp_path / 'mid'), str(tmp_path / 'back')])
+  back = checkpoint_values(capsys.readouterr().out.strip())
+  original = checkpoint_values(tmp_path / 'legacy')
+  for name, value in back.items():
+    np.testing.assert_array_equal(value, original[name], err_msg=name)
+
+
+def test_cli_reports_bad_input_without_traceback(tmp_path):
+  spec_file = tmp_path / 'model_spec.py'
+  spec_file.write_text(SPEC_MODULE)
+  with pytest.raises(SystemExit) as error:
+    cli.main(['convert-checkpoint', '--to', 'legacy', '--spec',
+              '{}:spec'.format(spec_file), str(tmp_path), str(tmp_path / 'x')])
+  assert str(error.value) == (
+      'tpu-fc convert-checkpoint: error: No checkpoint found in directory '
+      '{}.'.format(tmp_path))
+  with pytest.raises(SystemExit, match="has no attribute 'nope'"):
+    cli.main(['inspect', str(tmp_path), '--spec', '{}:nope'.format(spec_file)])
+
+
+# Legacy lane: a checkpoint of TF 2.15's real TPUEstimator -------------------------------
+
+@pytest.mark.skipif(TF_VERSION != (2, 15), reason='needs tensorflow_estimator')
+def test_real_tpu_estimator_checkpoint_converts(tmp_path):
+  from tensorflow_estimator.python.estimator.tpu import tpu_estimator  # pylint: disable=g-import-not-at-top
+  from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=g-import-not-at-top
+  spec = make_spec()
+  legacy_columns = [
+      tf.compat.v1.tpu.experimental.embedding_column(
+          fc.categorical_column_with_identity('a', 10), 4),
+      tf.compat.v1.tpu.experimental.embedding_column(fc.weighted_categorical_column(
+          fc.categorical_column_with_identity('w', 5), 'w_weight'), 2),
+  ] + tf.compat.v1.tpu.experimental.shared_embedding_columns(
+      [fc.categorical_column_with_identity('b', 7),
+       fc.categorical_column_with_identity('c', 7)], 3)
+  estimator = tpu_estimator.TPUEstimator(
+      model_fn=model_fn, use_tpu=False, train_batch_size=BATCH,
+      params={'columns': legacy_columns,
+              'spec_class': tf.compat.v1.estimator.tpu.TPUEstimatorSpec},
+      config=tpu_config.RunConfig(model_dir=str(tmp_path), tf_random_seed=1))
+  estimator.train(input_fn, steps=2)
+  mid_level = checkpoint_values(conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path), str(tmp_path / 'mid')))
+  legacy = checkpoint_values(tmp_path)
+  # The model's Adagrad trained the tables on the CPU; its slot is Adagrad's.
+  for table, name in (('tbl_a', A_TABLE), ('tbl_b_c_shared_embedding', SHARED_TABLE)):
+    np.testing.assert_array_equal(
+        mid_level['embedding/{}/.ATTRIBUTES/VARIABLE_VALUE'.format(table)],
+        legacy[name])
+    np.testing.assert_array_equal(
+        mid_level['embedding/{}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE'.format(
+            table)], legacy[name + '/Adagrad'])
