@@ -1,0 +1,1 @@
+"""tpu_fc's benchmarks: `python -m benchmarks [--quick] [--scale]` (see README.md)."""

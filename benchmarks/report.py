@@ -1,0 +1,273 @@
+"""Targets, the markdown report, the chart and the verdict lines, from the results dict."""
+import os
+
+from benchmarks import png
+from benchmarks.run import TRAINING_PATHS
+
+_GIB = 2**30
+_EMULATED = 'tpu_fc_embedding_core'
+
+
+def _training_entry(results, dim, distribution='zipf', ids_per_feature=1):
+  for entry in results.get('training', []):
+    params = entry['params']
+    if (params['dim'] == dim and params['distribution'] == distribution and
+        params['ids_per_feature'] == ids_per_feature):
+      return entry
+  return None
+
+
+def _rate(entry, path):
+  if entry is None:
+    return None
+  return entry['paths'].get(path, {}).get('examples_per_s')
+
+
+def _ratio(numerator, denominator):
+  if numerator is None or not denominator:
+    return None
+  return numerator / denominator
+
+
+def _missing(*named_values):
+  missing = [name for name, value in named_values if value is None]
+  return 'not measured: ' + ', '.join(missing) if missing else ''
+
+
+def targets(results):
+  """Issue 5's targets as [dict(name, ratio, op, goal, what, note)]."""
+  found = []
+
+  def add(name, ratio, op, goal, what, note=''):
+    met = ratio is not None and (ratio >= goal if op == '>=' else ratio <= goal)
+    found.append(dict(name=name, ratio=ratio, op=op, goal=goal, met=met,
+                      what=what, note=note))
+
+  for dim, goal in ((16, 2.5), (64, 3.0)):
+    entry = _training_entry(results, dim)
+    emulated, legacy = _rate(entry, _EMULATED), _rate(entry, 'legacy_cpu')
+    add('emulated_vs_legacy_dim{}'.format(dim), _ratio(emulated, legacy), '>=',
+        goal, 'examples/s: tpu_fc emulated embedding core / TF 2.15 '
+        'TPUEstimator(use_tpu=False)',
+        _missing((_EMULATED, emulated), ('legacy_cpu', legacy)))
+  for dim in (16, 64):
+    entry = _training_entry(results, dim)
+    emulated, raw = _rate(entry, _EMULATED), _rate(entry, 'raw')
+    add('emulated_vs_raw_dim{}'.format(dim), _ratio(emulated, raw), '>=', 1.0,
+        'examples/s: tpu_fc emulated embedding core / raw TF lower bound',
+        _missing((_EMULATED, emulated), ('raw', raw)))
+  for dim in (16, 64):
+    entry = _training_entry(results, dim)
+    no_mlp = _rate(entry, _EMULATED + '_no_mlp')
+    roofline = entry['roofline_examples_per_s'] if entry else None
+    add('embedding_roofline_fraction_dim{}'.format(dim),
+        _ratio(no_mlp, roofline), '>=', 0.05,
+        'examples/s of the emulated embedding core without MLP / bandwidth '
+        'roofline examples/s', _missing((_EMULATED + '_no_mlp', no_mlp)))
+  models = results.get('serving', {}).get('models', {})
+  ours, legacy = models.get(_EMULATED, {}), models.get('legacy_cpu', {})
+  add('serving_throughput_vs_legacy',
+      _ratio(ours.get('throughput_examples_per_s'),
+             legacy.get('throughput_examples_per_s')), '>=', 1.0,
+      'batch-512 examples/s: tpu_fc export / TF 2.15 TPUEstimator export',
+      _missing(('tpu_fc export', ours or None), ('legacy export', legacy or None)))
+  add('serving_p50_latency_vs_legacy',
+      _ratio(ours.get('p50_latency_ms'), legacy.get('p50_latency_ms')), '<=',
+      1.0, 'batch-1 p50 latency: tpu_fc export / TF 2.15 TPUEstimator export',
+      _missing(('tpu_fc export', ours or None), ('legacy export', legacy or None)))
+  for dim in (16, 64):
+    entry = _training_entry(results, dim)
+    emulated, mid_level = _rate(entry, _EMULATED), _rate(entry, 'mid_level')
+    add('driver_vs_mid_level_dim{}'.format(dim), _ratio(mid_level, emulated),
+        '<=', 1.10, 'step time: tpu_fc emulated TPUEstimator / hand-migrated '
+        'mid-level loop', _missing((_EMULATED, emulated), ('mid_level', mid_level)))
+  scale = results.get('scale') or results.get('scale_recorded') or {}
+  scaled = scale.get('paths', {}).get(_EMULATED, {})
+  note = _missing(('--scale run', scaled.get('peak_rss_over_table_and_slot')))
+  if 'recorded_date' in scale and not note:
+    note = 'recorded by `{}` on {}'.format(scale['recorded_command'],
+                                           scale['recorded_date'])
+  add('scale_peak_rss_vs_table_and_slot',
+      scaled.get('peak_rss_over_table_and_slot'), '<=', 1.5,
+      'peak RSS / (table + Adagrad slot bytes), tpu_fc emulated, {} x 64'.format(
+          scale.get('rows', '10M')), note)
+  return found
+
+
+def verdict_lines(found):
+  lines = []
+  for target in found:
+    measured = 'n/a' if target['ratio'] is None else '{:.3f}'.format(
+        target['ratio'])
+    line = 'target {}: {} (goal {} {}) {}'.format(
+        target['name'], measured, target['op'], target['goal'],
+        'met' if target['met'] else 'not met')
+    if target['ratio'] is None:
+      line += ' ({})'.format(target['note'])
+    lines.append(line)
+  return lines
+
+
+def _k(rate):
+  return '{:.1f}k'.format(rate / 1e3)
+
+
+def markdown(results, found):
+  machine = results['machine']
+  settings = results['settings']
+  bandwidth = results['bandwidth']
+  out = ['# tpu_fc benchmarks: {} run'.format(results['mode']), '']
+  out.append('- command: `{}`'.format(results['command']))
+  out.append('- date: {}, {:.0f} s, git commit {}'.format(
+      results['date'], results['seconds'], machine['git_commit']))
+  out.append('- machine: {}, {} usable CPUs of {}, {:.1f} GiB; load average '
+             '{:.2f} at start, {:.2f} at end'.format(
+                 machine['cpu'], machine['usable_cpus'], machine['cpus'],
+                 machine['memory_bytes'] / _GIB,
+                 machine['load_average_start'][0],
+                 machine['load_average_end'][0]))
+  for lane, info in machine['interpreters'].items():
+    out.append('- {}: TensorFlow {} (`{}`)'.format(
+        'legacy paths' if lane == 'legacy_python' else 'other paths',
+        info['tensorflow'], info['executable']))
+  out.append(
+      '- every path: batch {}, {} threads (intra and inter op), warm-up {} '
+      'steps, then {} repetitions of {} steps, interleaved path by path; '
+      'examples/s is the median over repetitions, step times are per step '
+      '(a loop call divided by its steps)'.format(
+          settings['batch_size'], settings['threads'], settings['warmup_steps'],
+          settings['reps'], settings['steps_per_rep']))
+  out.append(
+      '- iterations_per_loop = {} for every estimator path and the TF2 loops: '
+      'the emulated TPU paths and the TF2 paths run that many steps per call '
+      'in an in-graph loop; `use_tpu=False` paths run one step per '
+      'session.run, as TF 2.15 does on CPU'.format(
+          settings['iterations_per_loop']))
+  out.append('- memory copy bandwidth (numpy, read + write): {:.1f} GB/s on '
+             '{} threads, {:.1f} GB/s on 1 thread'.format(
+                 bandwidth['multi_thread_bytes_per_s'] / 1e9,
+                 bandwidth['threads'],
+                 bandwidth['single_thread_bytes_per_s'] / 1e9))
+  out.append('')
+  for entry in results['training']:
+    traffic = entry['traffic']
+    out.append('## Training: {}'.format(entry['workload']))
+    out.append('')
+    out.append(
+        '{} tables, {:.2f}M rows ({:.0f} MiB of table), {:.0f} lookups and '
+        '{:.0f} unique rows per step; at least {:.2f} KB per example moved '
+        '(roofline {} examples/s). Groups (built together, then interleaved): '
+        '{}.'.format(
+            entry['tables'],
+            entry['table_rows'] / 1e6, entry['table_bytes'] / 2**20,
+            traffic['lookups_per_step'], traffic['unique_rows_per_step'],
+            traffic['bytes_per_example'] / 1e3,
+            _k(entry['roofline_examples_per_s']),
+            ' | '.join(', '.join(g) for g in entry['groups'])))
+    out.append('')
+    out.append('| path | examples/s | vs legacy | vs raw | p50 step ms | '
+               'p90 step ms | peak RSS GiB | % of roofline |')
+    out.append('|---|---:|---:|---:|---:|---:|---:|---:|')
+    legacy, raw = _rate(entry, 'legacy_cpu'), _rate(entry, 'raw')
+    for path, result in entry['paths'].items():
+      if 'examples_per_s' not in result:
+        out.append('| {} | failed: {} | | | | | | |'.format(
+            path, result.get('error', '').strip().splitlines()[-1:]))
+        continue
+      rate = result['examples_per_s']
+      out.append('| {} | {:.0f} | {} | {} | {:.1f} | {:.1f} | {:.2f} | {:.2f} |'
+                 .format(path, rate,
+                         '{:.2f}x'.format(rate / legacy) if legacy else '',
+                         '{:.2f}x'.format(rate / raw) if raw else '',
+                         result['p50_step_ms'], result['p90_step_ms'],
+                         result['peak_rss_bytes'] / _GIB,
+                         100 * rate / entry['roofline_examples_per_s']))
+    out.append('')
+  serving = results.get('serving')
+  if serving:
+    out.append('## Serving ({})'.format(serving.get('workload', '')))
+    out.append('')
+    if 'error' in serving:
+      out.append('failed: {}'.format(serving['error'].strip().splitlines()[-1:]))
+    else:
+      out.append('Exported SavedModels, tf.Example input, loaded with the TF1 '
+                 'loader in one process, calls alternating between exports.')
+      out.append('')
+      out.append('| export | p50 latency ms (batch 1) | p99 latency ms | '
+                 'examples/s (batch {}) |'.format(settings['throughput_batch']))
+      out.append('|---|---:|---:|---:|')
+      for name, model in serving['models'].items():
+        out.append('| {} | {:.2f} | {:.2f} | {:.0f} |'.format(
+            name, model['p50_latency_ms'], model['p99_latency_ms'],
+            model['throughput_examples_per_s']))
+    out.append('')
+  scale = results.get('scale') or results.get('scale_recorded')
+  if scale:
+    out.append('## Scale: one {} x 64 table, Adagrad'.format(scale['rows']))
+    out.append('')
+    if 'recorded_date' in scale:
+      out.append('Recorded by `{}` on {}.'.format(scale['recorded_command'],
+                                                  scale['recorded_date']))
+      out.append('')
+    out.append('| path | peak RSS GiB | table + slot GiB | ratio |')
+    out.append('|---|---:|---:|---:|')
+    for path, result in scale['paths'].items():
+      if 'peak_rss_bytes' in result:
+        out.append('| {} | {:.2f} | {:.2f} | {:.2f} |'.format(
+            path, result['peak_rss_bytes'] / _GIB,
+            scale['table_and_slot_bytes'] / _GIB,
+            result['peak_rss_over_table_and_slot']))
+      else:
+        out.append('| {} | failed | | |'.format(path))
+    out.append('')
+  out.append('## Targets')
+  out.append('')
+  out.append('| target | measured | goal | verdict | what |')
+  out.append('|---|---:|---|---|---|')
+  for target in found:
+    out.append('| {} | {} | {} {} | {} | {}{} |'.format(
+        target['name'],
+        'n/a' if target['ratio'] is None else '{:.3f}'.format(target['ratio']),
+        target['op'], target['goal'], 'met' if target['met'] else 'not met',
+        target['what'], ' ({})'.format(target['note']) if target['note'] else ''))
+  out.append('')
+  out.append('Paths: ' + '; '.join('`{}`: {}'.format(name, description)
+                                  for name, description in TRAINING_PATHS.items()))
+  out.append('')
+  return '\n'.join(out)
+
+
+def chart(results, path):
+  groups = []
+  for entry in results['training']:
+    legacy = _rate(entry, 'legacy_cpu')
+    bars = []
+    for name, result in entry['paths'].items():
+      rate = result.get('examples_per_s')
+      text = 'failed' if rate is None else _k(rate) + (
+          ' ({:.2f}x legacy)'.format(rate / legacy) if legacy else '')
+      bars.append((name, rate, text))
+    groups.append((entry['workload'] + ' training examples/s', bars))
+  models = results.get('serving', {}).get('models', {})
+  if models:
+    groups.append(('serving batch 512 examples/s', [
+        (name, m['throughput_examples_per_s'],
+         '{} (p50 {:.2f} ms)'.format(_k(m['throughput_examples_per_s']),
+                                     m['p50_latency_ms']))
+        for name, m in models.items()]))
+  png.bar_chart(groups, path)
+
+
+def write(results, out_dir):
+  """results_<mode>.json / .md / .png in out_dir; returns the verdict lines."""
+  import json  # pylint: disable=g-import-not-at-top
+  found = targets(results)
+  results['targets'] = found
+  os.makedirs(out_dir, exist_ok=True)
+  stem = os.path.join(out_dir, 'results_' + results['mode'])
+  with open(stem + '.json', 'w') as out:
+    json.dump(results, out, indent=1, default=float)
+  with open(stem + '.md', 'w') as out:
+    out.write(markdown(results, found))
+  chart(results, stem + '.png')
+  return verdict_lines(found)
