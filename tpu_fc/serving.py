@@ -14,9 +14,11 @@ import os
 import tempfile
 
 from tensorflow.python.saved_model.model_utils import export_utils
+from tensorflow.python.training.saving import saveable_object_util
 
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
+from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator.spec import ModeKeys
 
 
@@ -50,7 +52,12 @@ def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn
         receiver.receiver_tensors, export_outputs,
         getattr(receiver, 'receiver_tensors_alternatives', None),
         serving_only=True)
-    saver = spec.scaffold.saver or tf.compat.v1.train.Saver(sharded=True)
+    saver = spec.scaffold.saver
+    if saver is None:
+      checkpoints.check_restorable(
+          checkpoint_path, saveable_object_util.op_list_to_dict(
+              tf.compat.v1.global_variables()))
+      saver = tf.compat.v1.train.Saver(sharded=True)
     local_init = (spec.scaffold.local_init_op or
                   tf.compat.v1.train.Scaffold.default_local_init_op())
     with tf.compat.v1.Session() as session:

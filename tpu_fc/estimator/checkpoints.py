@@ -6,18 +6,25 @@ table (`<table>/Adam`, `<table>/Adam_1`), the emulated TPU the embedding optimiz
 checkpoint of one mode restores into the other, the Saver restores everything the
 checkpoint has and starts the *optimizer state* it lacks from its initial values,
 with a warning.  Any other missing variable (a table, a dense weight) is an error
-that names it.
+that names it, as is a variable whose shape differs from the checkpoint's (a changed
+vocabulary size or dimension) and a checkpoint that cannot be read.
+
+With `CheckpointInputPipelineHook`, each checkpoint also holds the training input's
+position (its iterator state), written by the same save as the weights, so a restart
+resumes both from one consistent point.
 """
 import collections
 
 from absl import logging
 
+from tensorflow.python.data.experimental.ops import iterator_ops
 from tensorflow.python.training.saving import saveable_object_util
 
 from tpu_fc._tf import tf
 
 _NAMES_COLLECTION = 'tpu_fc_checkpoint_names'
 _BEFORE_SAVE_COLLECTION = 'tpu_fc_before_save_ops'
+_INPUT_PIPELINE_COLLECTION = 'tpu_fc_input_pipeline_saveables'
 # Optimizer state that is not a slot of one variable (Adam's power accumulators).
 _NON_SLOT_STATE = ('beta1_power', 'beta2_power')
 
@@ -51,15 +58,87 @@ def _variables_saved_as(var_list, names):
   return found
 
 
-class TolerantSaver(tf.compat.v1.train.Saver):
-  """A Saver that restores a checkpoint lacking some optimizer state (see module)."""
+def _model_shape(value):
+  """The full shape a `var_list` value is saved with, or None if unknown."""
+  if isinstance(value, (list, tuple)):  # the parts of a partitioned variable
+    info = getattr(value[0], '_save_slice_info', None)
+    return list(info.full_shape) if info else None
+  shape = getattr(value, 'shape', None)
+  if (shape is None or getattr(value, 'dtype', None) == tf.resource or
+      not shape.is_fully_defined()):
+    return None  # a saveable object, a resource handle
+  return shape.as_list()
 
-  def __init__(self, var_list, checkpoint_path, **kwargs):
-    super().__init__(var_list=dict(var_list), **kwargs)  # Saver rewrites its dict
+
+def _check_shapes(checkpoint_path, shapes, var_list):
+  """Raises, naming them, if variables differ in shape from the checkpoint's."""
+  changed = ['{} (checkpoint {}, model {})'.format(name, shapes[name], model)
+             for name, model in ((n, _model_shape(v)) for n, v in var_list.items())
+             if name in shapes and model is not None and model != shapes[name]]
+  if changed:
+    raise ValueError(
+        'Checkpoint {} does not fit this model: {} changed shape. A changed '
+        'vocabulary size or embedding dimension cannot restore the old table; '
+        'restore it into the model that wrote it, or start from a new '
+        'model_dir.'.format(checkpoint_path, ', '.join(sorted(changed))))
+
+
+def _is_unreadable(error):
+  """Whether reading a checkpoint failed on its contents (not, e.g., its absence)."""
+  return (isinstance(error, (tf.errors.DataLossError, tf.errors.OutOfRangeError))
+          or type(error) is tf.errors.OpError)  # pylint: disable=unidiomatic-typecheck
+
+
+def _reason(error):
+  """The line of an OpError's message that says what failed (not where)."""
+  lines = [line.strip() for line in str(error).strip().splitlines()]
+  for before, line in zip(lines, lines[1:]):
+    if line.startswith('[[{{node'):
+      return before
+  return lines[0]
+
+
+def _unreadable(checkpoint_path, error):
+  """A DataLossError naming a truncated or corrupt checkpoint, and the cure."""
+  return tf.errors.DataLossError(None, None, (
+      'Checkpoint {} cannot be read ({}): it is truncated or corrupt. Remove its '
+      'files (and its line in the `checkpoint` file) to resume from the previous '
+      'checkpoint.'.format(checkpoint_path, _reason(error))))
+
+
+def checkpoint_shapes(checkpoint_path):
+  """{name: shape} of a checkpoint; a clear error if it cannot be read."""
+  try:
+    return dict(tf.train.list_variables(checkpoint_path))
+  except tf.errors.OpError as e:
+    if _is_unreadable(e):
+      raise _unreadable(checkpoint_path, e) from e
+    raise
+
+
+def check_restorable(checkpoint_path, var_list):
+  """Raises a clear error if `var_list` cannot restore from the checkpoint."""
+  _check_shapes(checkpoint_path, checkpoint_shapes(checkpoint_path), var_list)
+
+
+class TolerantSaver(tf.compat.v1.train.Saver):
+  """A Saver that restores a checkpoint lacking some optimizer state (see module).
+
+  `input_pipeline` saveables are saved with the variables but never restored by
+  `restore` (the input's own hook restores them once its iterator is initialized).
+  """
+
+  def __init__(self, var_list, checkpoint_path, input_pipeline=(), **kwargs):
+    super().__init__(  # Saver rewrites its dict
+        var_list=dict(var_list, **{s.name: s for s in input_pipeline}), **kwargs)
+    self._variables_only = (tf.compat.v1.train.Saver(
+        var_list=dict(var_list), sharded=True) if input_pipeline else None)
     self._partial = None
     if not checkpoint_path:
       return
-    available = {name for name, _ in tf.train.list_variables(checkpoint_path)}
+    shapes = checkpoint_shapes(checkpoint_path)
+    _check_shapes(checkpoint_path, shapes, var_list)
+    available = set(shapes)
     missing = sorted(name for name in var_list if name not in available)
     if not missing:
       return
@@ -78,15 +157,25 @@ class TolerantSaver(tf.compat.v1.train.Saver):
             _variables_saved_as(var_list, missing)), missing)
 
   def restore(self, sess, save_path):
-    if self._partial is None or save_path != self._partial[0]:
-      return super().restore(sess, save_path)
-    _, saver, initialize, missing = self._partial
-    logging.warning(
-        'Checkpoint %s has no %s (optimizer state of another training mode or '
-        'optimizer); they start from their initial values.', save_path,
-        ', '.join(missing))
-    sess.run(initialize)
-    return saver.restore(sess, save_path)
+    try:
+      return self._restore(sess, save_path)
+    except tf.errors.OpError as e:
+      if _is_unreadable(e):
+        raise _unreadable(save_path, e) from e
+      raise
+
+  def _restore(self, sess, save_path):
+    if self._partial is not None and save_path == self._partial[0]:
+      _, saver, initialize, missing = self._partial
+      logging.warning(
+          'Checkpoint %s has no %s (optimizer state of another training mode or '
+          'optimizer); they start from their initial values.', save_path,
+          ', '.join(missing))
+      sess.run(initialize)
+      return saver.restore(sess, save_path)
+    if self._variables_only is not None:
+      return self._variables_only.restore(sess, save_path)
+    return super().restore(sess, save_path)
 
 
 def add_saver(graph, checkpoint_path, config):
@@ -102,6 +191,7 @@ def add_saver(graph, checkpoint_path, config):
         tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
   graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
       names, checkpoint_path, sharded=True,
+      input_pipeline=graph.get_collection(_INPUT_PIPELINE_COLLECTION),
       max_to_keep=config.keep_checkpoint_max,
       keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
       save_relative_paths=True))
@@ -130,3 +220,36 @@ def before_save_listeners(graph):
   """The listeners the graph's registered before-save ops need (maybe none)."""
   ops = [build_op() for build_op in graph.get_collection(_BEFORE_SAVE_COLLECTION)]
   return [BeforeSave(ops)] if ops else []
+
+
+class InputPipelinePosition:
+  """The position of a training input's iterator, saved in every model checkpoint.
+
+  Built with the TRAIN graph (before its Saver); `restore` runs once the
+  iterator is initialized in a new session, from the checkpoint that session
+  restored.
+  """
+
+  def __init__(self, iterator, model_dir, external_state_policy=None):
+    self._model_dir = model_dir
+    self._saveable = iterator_ops.make_saveable_from_iterator(
+        iterator, external_state_policy)
+    tf.compat.v1.get_default_graph().add_to_collection(
+        _INPUT_PIPELINE_COLLECTION, self._saveable)
+    self._saver = tf.compat.v1.train.Saver(
+        var_list={self._saveable.name: self._saveable}, sharded=True)
+
+  def restore(self, session):
+    """Moves the (initialized) iterator to the latest checkpoint's position."""
+    checkpoint_path = tf.train.latest_checkpoint(self._model_dir)
+    if not checkpoint_path:
+      return
+    if self._saveable.name not in checkpoint_shapes(checkpoint_path):
+      logging.warning(
+          'Checkpoint %s has no input pipeline position (it was written '
+          'without CheckpointInputPipelineHook); the input starts from its '
+          'beginning.', checkpoint_path)
+      return
+    logging.info('Restoring the input pipeline position from %s',
+                 checkpoint_path)
+    self._saver.restore(session, checkpoint_path)

@@ -25,6 +25,7 @@ from tpu_fc.estimator.config import default_session_config
 from tpu_fc.estimator.config import InputPipelineConfig
 from tpu_fc.estimator.config import parse_iterations_per_loop
 from tpu_fc.estimator.config import path_to_str
+from tpu_fc.estimator.hooks import CheckpointInputPipelineHook
 from tpu_fc.estimator.hooks import DatasetInitializerHook
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
@@ -214,6 +215,19 @@ def _parse_input_fn_result(result):
     return element, None
 
   return next_batch, hooks, from_dataset
+
+
+def _check_writable(model_dir):
+  """Fails before training, naming model_dir, if checkpoints cannot go there."""
+  try:
+    tf.io.gfile.makedirs(model_dir)
+    probe = os.path.join(model_dir, '.tpu_fc_write_test')
+    with tf.io.gfile.GFile(probe, 'w') as f:
+      f.write('')
+    tf.io.gfile.remove(probe)
+  except (tf.errors.OpError, OSError) as e:
+    raise PermissionError('model_dir {} is not writable, so no checkpoint could '
+                          'be saved: {}'.format(model_dir, e)) from e
 
 
 def _global_step_in(model_dir):
@@ -423,13 +437,18 @@ class TPUEstimator(object):
           'Skipping training since max_steps has already saved.')
       return self
     hooks = _check_hooks_type(hooks)
+    position_hooks = [h for h in hooks
+                      if isinstance(h, CheckpointInputPipelineHook)]
+    hooks = [h for h in hooks if h not in position_hooks]
     if steps is not None or max_steps is not None:
       hooks.append(tf.compat.v1.train.StopAtStepHook(steps, max_steps))
       hooks.append(tpu_emulation.LoopIterationsHook(steps, max_steps))
     saving_listeners = _check_listeners_type(saving_listeners)
+    _check_writable(self._model_dir)
     with tf.Graph().as_default():
-      spec, input_hooks = self._build_graph(input_fn, ModeKeys.TRAIN,
-                                            self.latest_checkpoint())
+      spec, input_hooks = self._build_graph(
+          input_fn, ModeKeys.TRAIN, self.latest_checkpoint(),
+          position_hooks[0] if position_hooks else None)
       if (self._log_every_n_steps is not None or
           self._log_every_n_secs is not None):
         spec = spec._replace(training_hooks=spec.training_hooks + (
@@ -494,12 +513,13 @@ class TPUEstimator(object):
                                   yield_single_examples)
     yield from predictions
 
-  def _build_graph(self, input_fn, mode, checkpoint_path):
+  def _build_graph(self, input_fn, mode, checkpoint_path, position_hook=None):
     """Builds `mode`'s graph in the default graph; returns (spec, input hooks).
 
     Same op order as Estimator (seed, global step, its read for TRAIN,
     input_fn, model), so a `tf_random_seed` gives the same initial values.
-    Warm-starts when there is no `checkpoint_path` to restore.
+    Warm-starts when there is no `checkpoint_path` to restore.  With a
+    `CheckpointInputPipelineHook`, checkpoints hold the input's position.
     """
     graph = tf.compat.v1.get_default_graph()
     tf.compat.v1.random.set_random_seed(self._config.tf_random_seed)
@@ -507,6 +527,13 @@ class TPUEstimator(object):
     if mode == ModeKeys.TRAIN:
       _tf_private.get_or_create_global_step_read(graph)
     next_batch, input_hooks, from_dataset = self._call_input_fn(input_fn, mode)
+    if position_hook is not None:
+      if not from_dataset:
+        tf.compat.v1.logging.warn(
+            'CheckpointInputPipelineHook: input_fn returned tensors, not a '
+            'Dataset; there is no input position to save.')
+      for hook in input_hooks:
+        hook.save_position(self._model_dir, position_hook.external_state_policy)
     iterations = self._loop_iterations(mode) if from_dataset else 1
     if iterations > 1:
       spec = tpu_emulation.training_loop(

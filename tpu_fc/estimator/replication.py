@@ -167,23 +167,39 @@ def replicate(build_shard, num_shards):
   return [results[shard] for shard in range(num_shards)]
 
 
-def split_batch(value, num_shards, shard):
-  """Shard `shard`'s slice (of `num_shards` equal ones) of a batched value."""
+def _batch_size(value):
+  if isinstance(value, tf.SparseTensor):
+    return value.dense_shape[0]
+  if isinstance(value, tf.RaggedTensor):
+    return value.nrows()
+  return tf.shape(value, out_type=tf.int64)[0]
+
+
+def split_batch(value, num_shards, shard, name='labels'):
+  """Shard `shard`'s slice (of `num_shards` equal ones) of a batched value.
+
+  A batch that does not divide into the shards fails the step, naming the
+  feature (as a TPU refuses such a batch); nothing is silently left out.
+  """
   if isinstance(value, dict):
-    return {k: split_batch(v, num_shards, shard) for k, v in value.items()}
+    return {k: split_batch(v, num_shards, shard, 'feature ' + str(k))
+            for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return type(value)(split_batch(v, num_shards, shard) for v in value)
+    return type(value)(split_batch(v, num_shards, shard, name) for v in value)
   if value is None:
     return None
+  if not isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+    value = tf.convert_to_tensor(value)
+  batch = tf.cast(_batch_size(value), tf.int64)
+  check = tf.debugging.Assert(
+      tf.equal(tf.math.floormod(batch, num_shards), 0),
+      ['The batch of {} does not divide into num_shards={} TPU shards; batch '
+       'size:'.format(name, num_shards), batch])
+  with tf.control_dependencies([check]):
+    size = batch // num_shards
   if isinstance(value, tf.SparseTensor):
-    size = value.dense_shape[0] // num_shards
     start = tf.concat([[size * shard],
                        tf.zeros_like(value.dense_shape[1:])], axis=0)
     return tf.sparse.slice(
         value, start, tf.concat([[size], value.dense_shape[1:]], axis=0))
-  if isinstance(value, tf.RaggedTensor):
-    size = value.nrows() // num_shards
-    return value[size * shard:size * (shard + 1)]
-  value = tf.convert_to_tensor(value)
-  size = tf.shape(value)[0] // num_shards
   return value[size * shard:size * (shard + 1)]

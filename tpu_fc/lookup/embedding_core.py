@@ -23,7 +23,7 @@ DUMMY_VARIABLE_COLLECTION = 'tpu_embedding_dummy_table_variables'
 DUMMY_VARIABLE_PREFIX = 'tpu_embedding_dummy_table_variable_'
 # Where the columns record the variable scope they were used in (TF's own name).
 FEATURE_COLUMN_SCOPE_COLLECTION = '_tpu_feature_column_scope'
-_STRING_IDS_ERROR = (
+STRING_IDS_ERROR = (
     'SparseTensor with string as values are not supported. If you are using '
     'categorical_column_with_vocabulary_file or '
     'categorical_column_with_vocabulary_list, please call '
@@ -32,7 +32,7 @@ _STRING_IDS_ERROR = (
     'feature_key = {}.')
 
 
-def _as_sparse(name, value, keep_zero_ids):
+def as_sparse(name, value, keep_zero_ids):
   """Ids (or weights) of one feature as a rank-2 SparseTensor, TPU-style.
 
   Dense ids are enqueued through `tf.where(x)` (id 0 dropped), except for tables
@@ -55,14 +55,36 @@ def _as_sparse(name, value, keep_zero_ids):
   return value
 
 
-def _check_ids(feature, ids, vocabulary_size):
+def check_ids(feature_name, table_name, ids, vocabulary_size):
+  """`ids` as int64, failing the step (naming feature and ids) if out of range."""
   ids = tf.cast(ids, tf.int64)
   check = tf.debugging.assert_less(
       ids, tf.constant(vocabulary_size, tf.int64), summarize=8,
       message='Feature {}: ids must be < vocabulary size {} of table {}; '
-      'got'.format(feature.name, vocabulary_size, feature.table))
+      'got'.format(feature_name, vocabulary_size, table_name))
   with tf.control_dependencies([check]):
     return tf.identity(ids)
+
+
+def _check_weights(feature, ids, weights):
+  """`weights`, failing (naming the feature) unless one finite weight per id."""
+  message = ('Feature {}: weights {} must hold one weight per id, at the same '
+             'indices'.format(feature.name, feature.weight_key))
+  count, expected = weights.shape[0], ids.values.shape[0]
+  if count is not None and expected is not None and count != expected:
+    raise ValueError('{}; got {} weights for {} ids.'.format(message, count,
+                                                              expected))
+  checks = [
+      tf.debugging.assert_equal(
+          tf.shape(weights)[0], tf.shape(ids.values)[0],
+          message=message + '; weights, ids:'),
+      tf.debugging.Assert(
+          tf.reduce_all(tf.math.is_finite(weights)),
+          ['Feature {}: weights {} must be finite; got'.format(
+              feature.name, feature.weight_key), weights], summarize=8),
+  ]
+  with tf.control_dependencies(checks):
+    return tf.identity(weights)
 
 
 def _check_divisible(name, value, num_shards):
@@ -198,7 +220,8 @@ class HostEmbeddingEngine:
     parsed = [self._parse(table, feature, features)
               for feature in self.layout.features_of(table.name)]
     all_ids = tf.concat(
-        [_check_ids(p.feature, p.ids.values, table.vocabulary_size)
+        [check_ids(p.feature.name, p.feature.table, p.ids.values,
+                   table.vocabulary_size)
          for p in parsed], axis=0)
     self._all_ids[table.name] = all_ids
     self._batch = parsed[0].ids.dense_shape[0]
@@ -239,11 +262,13 @@ class HostEmbeddingEngine:
       raise KeyError('Feature {} (table {}) is missing from the features '
                      'given to the TPU embedding; got {}.'.format(
                          feature.name, table.name, sorted(features)))
-    ids = _as_sparse(feature.name, features[feature.name],
+    ids = as_sparse(feature.name, features[feature.name],
                      keep_zero_ids=table.combiner is None)
     if not ids.dtype.is_integer:
-      raise ValueError(_STRING_IDS_ERROR.format(feature.name))
+      raise ValueError(STRING_IDS_ERROR.format(feature.name))
     weights = self._weights(table, feature, features)
+    if weights is not None:
+      weights = _check_weights(feature, ids, weights)
     keep = ids.values >= 0
     lengths = None
     if feature.is_sequence:

@@ -1,6 +1,8 @@
 """`tpu_tensor_core`: ids densified to `tensor_core_shape` for a gather in the model graph.
 
-As the legacy TPU input pipeline does: each tensor-core feature's ids are sliced to
+As the legacy TPU input pipeline does: each tensor-core feature's ids (checked as the
+embedding core checks them: integer, rank 2, below the vocabulary size; negative ids
+are padding and dropped) are sliced to
 `[batch, width]` (entries at column >= width are dropped), cast to int32 and
 scattered into zeros (pad id 0), with a 0/1 mask of the real entries (weights are
 ignored).  The column itself then gathers from its ordinary, model-trained variable
@@ -10,6 +12,7 @@ from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
 
 from tpu_fc import columns as columns_lib
 from tpu_fc._tf import tf
+from tpu_fc.lookup import embedding_core
 
 
 def densify(features, feature_columns):
@@ -22,11 +25,17 @@ def densify(features, feature_columns):
       raise ValueError(
           'Mask key {} for Tensor Core embedding is already in use.'.format(
               mask_key))
-    ids = features[key]
-    if isinstance(ids, tf.RaggedTensor):
-      ids = ids.to_sparse()
-    elif not isinstance(ids, tf.SparseTensor):
-      ids = tf.sparse.from_dense(ids)
+    if key not in features:
+      raise KeyError('Feature {} (tensor-core column {}) is missing from the '
+                     'features; got {}.'.format(key, column.name,
+                                                sorted(features)))
+    ids = embedding_core.as_sparse(key, features[key], keep_zero_ids=False)
+    if not ids.dtype.is_integer:
+      raise ValueError(embedding_core.STRING_IDS_ERROR.format(key))
+    ids = tf.sparse.retain(ids, ids.values >= 0)
+    ids = tf.SparseTensor(ids.indices, embedding_core.check_ids(
+        key, column.name, ids.values, column.categorical_column.num_buckets),
+                          ids.dense_shape)
     width = columns_lib.tensor_core_shape(column)[1]
     result[key], result[mask_key] = (
         tpu_fc_v2.pad_sparse_embedding_lookup_indices(ids, width))

@@ -1,0 +1,524 @@
+"""Bad input through the public API: a clear error, or the documented legacy behaviour.
+
+Every case of docs/bad_input.md runs through `tpu_fc.TPUEstimator` on each lookup path
+it concerns: 'cpu' (use_tpu=False), 'embedding_core' (use_tpu=True, the emulated
+embedding core on 2 shards) and 'tensor_core' (embedding_lookup_device='tpu_tensor_core').
+An error case asserts the error type and that its message names the feature (or
+checkpoint, or model_dir) and the offending value or shape.  A behaviour case trains
+one step of SGD (learning rate 1) on `loss = sum(activation * COEF)`, so the table
+moves by exactly the gradient of the ids the lookup keeps; the expected table is
+computed here in numpy from the ids and weights the legacy rule keeps.  On the legacy
+lane the 'cpu' path is also run through TF 2.15's own TPUEstimator(use_tpu=False),
+which must give the same table or the same error.
+"""
+import dataclasses
+import os
+from typing import Any, Callable, Optional, Tuple
+
+import numpy as np
+import pytest
+
+import tpu_fc
+from tpu_fc._tf import TF_VERSION
+from tpu_fc._tf import tf
+
+from helpers import outcome
+
+fc = tf.feature_column
+LEGACY = TF_VERSION == (2, 15)
+PATHS = ('cpu', 'embedding_core', 'tensor_core')
+TPU_PATHS = ('embedding_core', 'tensor_core')
+V, D, B, NS, L = 5, 2, 4, 2, 2    # vocabulary, dimension, batch, shards, max seq length
+TABLE0 = np.arange(V * D, dtype=np.float32).reshape(V, D) / 10
+COEF = np.arange(1.0, D + 1.0, dtype=np.float32)  # d(loss)/d(activation), per example
+WIDTH = 3                                  # tensor_core_shape[1]
+TABLE_NAME = {'ids': 'dense_features/ids_embedding/embedding_weights',
+              'weighted': 'dense_features/ids_weighted_by_w_embedding/'
+                          'embedding_weights',
+              'sequence': 'sequence_features/s_embedding/embedding_weights'}
+NAN = float('nan')
+
+
+# The model -----------------------------------------------------------------------
+
+
+def make_columns(path, kind='ids', vocabulary=V, dimension=D):
+  """The one embedding column of a case: plain, weighted or sequence ids."""
+  init = tf.compat.v1.constant_initializer(
+      np.arange(vocabulary * dimension, dtype=np.float32).reshape(
+          vocabulary, dimension) / 10)
+  device = {}
+  if path == 'tensor_core':
+    device = dict(embedding_lookup_device='tpu_tensor_core',
+                  tensor_core_shape=[None, WIDTH])
+  if kind == 'sequence':
+    categorical = fc.sequence_categorical_column_with_identity('s', vocabulary)
+    return [tpu_fc.embedding_column(categorical, dimension, initializer=init,
+                                    max_sequence_length=L, **device)]
+  categorical = fc.categorical_column_with_identity('ids', vocabulary)
+  if kind == 'weighted':
+    categorical = fc.weighted_categorical_column(categorical, 'w')
+  return [tpu_fc.embedding_column(categorical, dimension, initializer=init,
+                                  **device)]
+
+
+def make_model_fn(columns, spec_cls=tpu_fc.TPUEstimatorSpec):
+  """loss = sum(activation * COEF), trained by SGD(1) (cross-shard on a TPU).
+
+  (COEF = 1, 2, ... over the activation's last axis, also for other dimensions.)
+  """
+  sequence = columns[0].get_max_sequence_length() > 0
+
+  def model_fn(features, labels, mode, params):
+    del labels
+    if sequence:
+      net, _ = tf.keras.experimental.SequenceFeatures(columns)(features)
+    else:
+      net = tf.keras.layers.DenseFeatures(columns)(features)
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return spec_cls(mode, predictions={'net': net})
+    loss = tf.reduce_sum(net * tf.range(1.0, net.shape[-1] + 1.0))  # COEF
+    if mode == tpu_fc.ModeKeys.EVAL:
+      return spec_cls(mode, loss=loss)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(1.0)
+    if params['use_tpu']:
+      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+    return spec_cls(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+
+  return model_fn
+
+
+def make_estimator(model_dir, path, kind='ids', **column_args):
+  columns = make_columns(path, kind, **column_args)
+  use_tpu = path != 'cpu'
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_columns=columns,
+      optimization_parameters=tpu_fc.StochasticGradientDescentParameters(1.0))
+  return tpu_fc.TPUEstimator(
+      model_fn=make_model_fn(columns), use_tpu=use_tpu, train_batch_size=B,
+      eval_batch_size=B, predict_batch_size=B,
+      config=tpu_fc.RunConfig(model_dir=str(model_dir),
+                              tpu_config=tpu_fc.TPUConfig(num_shards=NS)),
+      embedding_config_spec=spec if use_tpu else None)
+
+
+def make_input_fn(make_features, rows=B):
+  """input_fn of `make_features()` (built in its graph) and zero labels."""
+
+  def input_fn(params):
+    del params
+    return make_features(), tf.zeros([rows, 1])
+
+  return input_fn
+
+
+def legacy_table_after_one_step(model_dir, kind, make_features):
+  """TF 2.15's own TPUEstimator(use_tpu=False): the table, or the error outcome."""
+  columns = make_columns('cpu', kind)
+  estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
+      model_fn=make_model_fn(columns,
+                             tf.compat.v1.estimator.tpu.TPUEstimatorSpec),
+      use_tpu=False, train_batch_size=B,
+      config=tf.compat.v1.estimator.tpu.RunConfig(model_dir=str(model_dir)))
+  error = outcome(estimator.train, make_input_fn(make_features), max_steps=1)
+  return error or estimator.get_variable_value(TABLE_NAME[kind])
+
+
+# Inputs and expectations -------------------------------------------------------
+
+
+def sparse(rows, dtype=tf.int64, width=None):
+  """A [B, width] SparseTensor of per-example value lists."""
+  indices = [[b, j] for b, row in enumerate(rows) for j in range(len(row))]
+  values = [v for row in rows for v in row]
+  width = width or max([len(row) for row in rows] + [1])
+  return tf.SparseTensor(np.array(indices, np.int64).reshape(-1, 2),
+                         tf.constant(values, dtype), [len(rows), width])
+
+
+def expected_table(kept, path):
+  """The table after one step, from the (id, weight) pairs each example keeps.
+
+  mean combiner: each kept id gets COEF * weight / sum(weights of its example);
+  a sequence entry (weight None) gets COEF; on a TPU path CrossShardOptimizer
+  divides the loss by the number of shards.
+  """
+  gradient = np.zeros((V, D), np.float32)
+  for entries in kept:
+    norm = sum(w for _, w in entries if w is not None)
+    for i, w in entries:
+      gradient[i] += COEF if w is None else COEF * w / norm
+  scale = 1.0 if path == 'cpu' else 1.0 / NS
+  return TABLE0 - scale * gradient
+
+
+def unweighted(rows):
+  return [[(i, 1.0) for i in row] for row in rows]
+
+
+IDS = [[1], [2, 3], [3], [4]]
+
+
+@dataclasses.dataclass
+class Case:
+  """One bad input on some paths: `raises` (type, message fragments) or `kept`.
+
+  `kept(path)` gives the (id, weight) pairs per example that the lookup keeps, for
+  `expected_table`; None where the path raises.  `features` builds the input.
+  """
+  name: str
+  features: Callable[[], Any]
+  paths: Tuple[str, ...] = PATHS
+  kind: str = 'ids'
+  raises: Optional[Callable[[str], Any]] = None
+  kept: Optional[Callable[[str], Any]] = None
+
+
+def _raises_on_tpu(error, *fragments, cpu=None):
+  """Raises (error, fragments) on TPU paths; `cpu` on the CPU path (None: trains)."""
+  return lambda path: cpu if path == 'cpu' else (error, fragments)
+
+
+CASES = [
+    Case('id_at_or_above_vocabulary',
+         lambda: {'ids': sparse([[1], [2, 7], [3], [4]])},
+         raises=lambda path: (tf.errors.InvalidArgumentError, (
+             ('ids_embedding', 'indices[2] = 7 is not in [0, 5)')
+             if path == 'cpu' else
+             ('Feature ids: ids must be < vocabulary size 5', '[1 2 7 3 4]')))),
+    Case('negative_ids_are_dropped',
+         lambda: {'ids': sparse([[1], [2, -1], [-3], [4]])},
+         kept=lambda path: unweighted([[1], [2], [], [4]])),
+    Case('string_ids',
+         lambda: {'ids': sparse([['1'], ['2'], ['3'], ['4']], tf.string)},
+         raises=_raises_on_tpu(
+             ValueError, 'SparseTensor with string as values are not '
+             'supported.', 'feature_key = ids.',
+             cpu=(ValueError, ("Invalid input, not integer. key: ids dtype: "
+                               "<dtype: 'string'>",)))),
+    Case('float_ids',
+         lambda: {'ids': sparse([[1.0], [2.0], [3.0], [4.0]], tf.float32)},
+         raises=_raises_on_tpu(
+             ValueError, 'SparseTensor with string as values are not '
+             'supported.', 'feature_key = ids.',
+             cpu=(ValueError, ("Invalid input, not integer. key: ids dtype: "
+                               "<dtype: 'float32'>",)))),
+    Case('rank_3_ids',
+         lambda: {'ids': tf.SparseTensor([[0, 0, 0], [1, 0, 0]], tf.constant(
+             [1, 2], tf.int64), [B, 1, 1])},
+         raises=_raises_on_tpu(
+             ValueError, 'Feature ids must have rank 2 ([batch, ids]) for the '
+             'TPU embedding, got rank 3.'),
+         kept=lambda path: unweighted([[1], [2], [], []])),
+    Case('missing_feature',
+         lambda: {'other': sparse(IDS)},
+         raises=lambda path: {
+             'cpu': (ValueError, ('Feature ids is not in features dictionary.',)),
+             'embedding_core': (KeyError, (
+                 'Feature ids (table tbl_ids) is missing from the features '
+                 "given to the TPU embedding; got ['other'].",)),
+             'tensor_core': (KeyError, (
+                 'Feature ids (tensor-core column ids_embedding) is missing '
+                 "from the features; got ['other'].",))}[path]),
+    Case('unknown_keys_are_ignored',
+         lambda: {'ids': sparse(IDS), 'unknown': tf.ones([B, 3]),
+                  'unknown_ids': sparse([[9], [9], [9], [9]])},
+         kept=lambda path: unweighted(IDS)),
+    Case('rows_without_ids_are_zeros',
+         lambda: {'ids': sparse([[], [2, 3], [], [4]], width=2)},
+         kept=lambda path: unweighted([[], [2, 3], [], [4]])),
+    Case('nan_weight',
+         lambda: {'ids': sparse(IDS), 'w': sparse([[1.0], [NAN, 1.0], [1.0],
+                                                   [1.0]], tf.float32)},
+         paths=('cpu', 'embedding_core'), kind='weighted',
+         raises=_raises_on_tpu(tf.errors.InvalidArgumentError,
+                               'Feature ids: weights w must be finite', 'nan'),
+         kept=lambda path: [[(1, 1.0)], [(3, 1.0)], [(3, 1.0)], [(4, 1.0)]]),
+    Case('non_positive_weights',
+         lambda: {'ids': sparse([[1], [2, 3], [3, 4], [4]]),
+                  'w': sparse([[1.0], [2.0, -1.0], [0.0, 1.0], [1.0]],
+                              tf.float32)},
+         paths=('cpu', 'embedding_core'), kind='weighted',
+         kept=lambda path: (
+             [[(1, 1.0)], [(2, 2.0)], [(4, 1.0)], [(4, 1.0)]] if path == 'cpu'
+             else [[(1, 1.0)], [(2, 2.0), (3, -1.0)], [(3, 0.0), (4, 1.0)],
+                   [(4, 1.0)]])),
+    Case('fewer_weights_than_ids',
+         lambda: {'ids': sparse(IDS), 'w': sparse([[1.0], [1.0], [1.0], [1.0]],
+                                                  tf.float32)},
+         paths=('cpu', 'embedding_core'), kind='weighted',
+         raises=_raises_on_tpu(
+             ValueError, 'Feature ids: weights w must hold one weight per id',
+             'got 4 weights for 5 ids.',
+             cpu=(ValueError, ('Dimensions 5 and 4 are not compatible',)))),
+    Case('dense_weights',
+         lambda: {'ids': sparse(IDS), 'w': tf.ones([B, 2])},
+         paths=('cpu', 'embedding_core'), kind='weighted',
+         raises=_raises_on_tpu(
+             ValueError, 'weighted_categorical_column with weight key name w '
+             'has dense weights. Dense weights are not supported on TPU.',
+             cpu=(tf.errors.InvalidArgumentError, ('ids_weighted_by_w_embedding',
+                                                   'LogicalAnd')))),
+    Case('weights_for_dense_ids_with_id_0',
+         lambda: {'ids': tf.constant([[1], [0], [3], [4]], tf.int64),
+                  'w': sparse([[1.0], [1.0], [2.0], [1.0]], tf.float32)},
+         paths=('cpu', 'embedding_core'), kind='weighted',
+         raises=_raises_on_tpu(
+             tf.errors.InvalidArgumentError,
+             'Feature ids: weights w must hold one weight per id'),
+         kept=lambda path: [[(1, 1.0)], [(0, 1.0)], [(3, 2.0)], [(4, 1.0)]]),
+    Case('sequence_longer_than_max_sequence_length',
+         lambda: {'s': sparse([[1, 2, 3, 4], [1], [], [2, 2, 4]])},
+         paths=('cpu', 'embedding_core'), kind='sequence',
+         kept=lambda path: [
+             [(i, None) for i in row[:None if path == 'cpu' else L]]
+             for row in [[1, 2, 3, 4], [1], [], [2, 2, 4]]]),
+    Case('empty_batch',
+         lambda: {'ids': tf.SparseTensor(np.zeros([0, 2], np.int64),
+                                         tf.zeros([0], tf.int64), [0, 2])},
+         kept=lambda path: []),
+]
+
+
+def _case_params():
+  return [pytest.param(case, path, id='{}-{}'.format(case.name, path))
+          for case in CASES for path in case.paths]
+
+
+def _assert_raised(error, expected_type, fragments):
+  assert error is not None, 'expected {}, but the step ran'.format(
+      expected_type.__name__)
+  error_type, message = error
+  assert issubclass(error_type, expected_type), (error_type, message)
+  for fragment in fragments:
+    assert fragment in message, (fragment, message)
+
+
+@pytest.mark.parametrize('case, path', _case_params())
+def test_bad_input_in_training(case, path, tmp_path):
+  estimator = make_estimator(tmp_path / 'tpu_fc', path, case.kind)
+  rows = 0 if case.name == 'empty_batch' else B
+  error = outcome(estimator.train, make_input_fn(case.features, rows),
+                  max_steps=1)
+  expected_error = case.raises(path) if case.raises else None
+  if expected_error:
+    _assert_raised(error, *expected_error)
+  else:
+    assert error is None, error
+    table = estimator.get_variable_value(TABLE_NAME[case.kind])
+    np.testing.assert_allclose(table, expected_table(case.kept(path), path),
+                               rtol=1e-6, atol=1e-6)
+  if LEGACY and path == 'cpu':
+    legacy = legacy_table_after_one_step(tmp_path / 'tf', case.kind,
+                                         case.features)
+    if expected_error:
+      assert isinstance(legacy, tuple), 'TF 2.15 trains where tpu_fc raises'
+      assert legacy[0] is error[0], (legacy, error)
+      assert _reason(legacy[1]) == _reason(error[1])
+    else:
+      np.testing.assert_allclose(legacy, table, rtol=1e-6, atol=1e-6)
+
+
+def _reason(message):
+  """The line of an error message saying what failed (op errors: not where)."""
+  lines = [line.strip() for line in message.strip().splitlines()]
+  for before, line in zip(lines, lines[1:]):
+    if line.startswith('[[{{node'):
+      return before
+  return lines[0]
+
+
+# Batches and shards -------------------------------------------------------------
+
+
+@pytest.mark.parametrize('path', PATHS)
+def test_last_batch_not_divisible_by_num_shards(path, tmp_path):
+  """5 examples in batches of 4: the last batch (1) does not split into 2 shards."""
+  ids = [[1], [2], [3], [4], [2]]
+
+  def input_fn(params):
+    dataset = tf.data.Dataset.from_tensor_slices(
+        ({'ids': tf.ragged.constant(ids, tf.int64).to_sparse()},
+         np.zeros([len(ids), 1], np.float32)))
+    return dataset.batch(params['batch_size'])
+
+  estimator = make_estimator(tmp_path, path)
+  error = outcome(estimator.train, input_fn, max_steps=2)
+  if path == 'cpu':  # a plain graph takes any batch, as TF 2.15 does
+    assert error is None, error
+    np.testing.assert_allclose(
+        estimator.get_variable_value(TABLE_NAME['ids']),
+        expected_table(unweighted(ids[:4]) + unweighted(ids[4:]), path),
+        rtol=1e-6, atol=1e-6)
+    return
+  _assert_raised(error, tf.errors.InvalidArgumentError, [
+      'The batch of feature ids',
+      'does not divide into num_shards=2 TPU shards; batch size:] [1]'])
+  # Steps 1 and 2 run as one loop (iterations_per_loop=2), which failed as a
+  # whole, as on a TPU: the checkpoint of step 0 is kept and restores.
+  assert estimator.get_variable_value('global_step') == 0
+
+
+def test_global_batch_not_divisible_by_num_shards(tmp_path):
+  columns = make_columns('embedding_core')
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=make_model_fn(columns), train_batch_size=6,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
+                              tpu_config=tpu_fc.TPUConfig(num_shards=4)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  with pytest.raises(ValueError, match='train batch size 6 must be divisible '
+                     'by number of replicas 4'):
+    estimator.train(make_input_fn(lambda: {'ids': sparse((IDS * 2)[:6])}, 6),
+                    max_steps=1)
+
+
+# Configuration ------------------------------------------------------------------
+
+
+def _shared_with_different_vocabularies(module):
+  return module.shared_embedding_columns(
+      [fc.categorical_column_with_identity('a', 5),
+       fc.categorical_column_with_identity('b', 6)], D)
+
+
+def _mod_on_cpu(module, spec_cls, parameters_cls, model_dir):
+  columns = make_columns('cpu')
+  return module.TPUEstimator(
+      model_fn=make_model_fn(columns), use_tpu=False, train_batch_size=B,
+      config=module.RunConfig(model_dir=str(model_dir)),
+      embedding_config_spec=spec_cls(
+          feature_columns=columns, partition_strategy='mod',
+          optimization_parameters=parameters_cls(0.1)))
+
+
+def test_shared_columns_with_different_vocabularies():
+  error = outcome(_shared_with_different_vocabularies, tpu_fc)
+  _assert_raised(error, ValueError, [
+      'all categorical_columns must have the same number of buckets',
+      'with buckets: 5', 'with buckets: 6'])
+  if LEGACY:
+    assert error == outcome(_shared_with_different_vocabularies,
+                            tf.compat.v1.tpu.experimental)
+
+
+def test_mod_partition_strategy_on_cpu(tmp_path):
+  error = outcome(_mod_on_cpu, tpu_fc, tpu_fc.EmbeddingConfigSpec,
+                  tpu_fc.AdagradParameters, tmp_path)
+  _assert_raised(error, ValueError,
+                 ['Mod sharding of embedding tables not supported on CPU.'])
+  if LEGACY:
+    legacy = tf.compat.v1.estimator.tpu
+    assert error == outcome(
+        _mod_on_cpu, legacy, legacy.experimental.EmbeddingConfigSpec,
+        tf.compat.v1.tpu.experimental.AdagradParameters, tmp_path)
+
+
+# Checkpoints and model_dir --------------------------------------------------------
+
+
+@pytest.fixture(name='trained_dirs', scope='module')
+def _trained_dirs(tmp_path_factory):
+  """path -> model_dir trained 2 steps (checkpoints 1 and 2) with V=5, D=2."""
+  dirs = {}
+  for path in PATHS:
+    model_dir = tmp_path_factory.mktemp(path)
+    estimator = make_estimator(model_dir, path)
+    estimator._config = estimator._config.replace(save_checkpoints_steps=1)  # pylint: disable=protected-access
+    estimator.train(make_input_fn(lambda: {'ids': sparse(IDS)}), max_steps=2)
+    dirs[path] = model_dir
+  return dirs
+
+
+def _use(estimator, mode, tmp_path):
+  """Runs `mode` of the estimator once (export: to tmp_path)."""
+  input_fn = make_input_fn(lambda: {'ids': sparse(IDS)})
+  if mode == 'train':
+    return estimator.train(input_fn, steps=1)
+  if mode == 'evaluate':
+    return estimator.evaluate(input_fn, steps=1)
+  if mode == 'predict':
+    return next(estimator.predict(lambda params: {'ids': sparse(IDS)}))
+  with tf.Graph().as_default():
+    features = {'ids': sparse(IDS)}
+  return estimator.export_saved_model(
+      str(tmp_path / 'export'),
+      tpu_fc.export.build_raw_serving_input_receiver_fn(features))
+
+
+@pytest.mark.parametrize('mode', ['train', 'evaluate', 'predict', 'export'])
+@pytest.mark.parametrize('path', PATHS)
+@pytest.mark.parametrize('changed', [dict(vocabulary=6), dict(dimension=3)],
+                         ids=['vocabulary', 'dimension'])
+def test_checkpoint_with_other_table_shape(trained_dirs, path, mode, changed,
+                                           tmp_path):
+  estimator = make_estimator(trained_dirs[path], path, **changed)
+  model_shape = [changed.get('vocabulary', V), changed.get('dimension', D)]
+  error = outcome(_use, estimator, mode, tmp_path)
+  _assert_raised(error, ValueError, [
+      'model.ckpt-2 does not fit this model',
+      '{} (checkpoint [5, 2], model {})'.format(TABLE_NAME['ids'],
+                                                model_shape)])
+
+
+def _copy_of(model_dir, tmp_path):
+  copy = tmp_path / 'copy'
+  tf.io.gfile.makedirs(str(copy))
+  for name in tf.io.gfile.listdir(str(model_dir)):
+    if not tf.io.gfile.isdir(os.path.join(str(model_dir), name)):
+      tf.io.gfile.copy(os.path.join(str(model_dir), name),
+                       os.path.join(str(copy), name))
+  return copy
+
+
+def _truncate_data(prefix):
+  data, = tf.io.gfile.glob(prefix + '.data-*')
+  size = os.path.getsize(data)
+  with open(data, 'r+b') as f:
+    f.truncate(size // 2)
+
+
+def _corrupt_index(prefix):
+  with open(prefix + '.index', 'r+b') as f:
+    f.seek(8)
+    f.write(b'not a checkpoint index')
+
+
+@pytest.mark.parametrize('damage', [_truncate_data, _corrupt_index],
+                         ids=['truncated', 'corrupt'])
+@pytest.mark.parametrize('path', ['cpu', 'embedding_core'])
+def test_unreadable_checkpoint_is_named_and_the_previous_one_restores(
+    trained_dirs, path, damage, tmp_path):
+  model_dir = _copy_of(trained_dirs[path], tmp_path)
+  estimator = make_estimator(model_dir, path)
+  latest = estimator.latest_checkpoint()
+  damage(latest)
+  error = outcome(estimator.train, make_input_fn(lambda: {'ids': sparse(IDS)}),
+                  steps=1)
+  _assert_raised(error, tf.errors.DataLossError, [
+      'Checkpoint {} cannot be read'.format(latest), 'truncated or corrupt'])
+  # The cure the message gives: remove the damaged checkpoint, resume.
+  for name in tf.io.gfile.glob(latest + '.*'):
+    tf.io.gfile.remove(name)
+  previous = latest.replace('ckpt-2', 'ckpt-1')
+  tf.compat.v1.train.update_checkpoint_state(str(model_dir), previous,
+                                             [previous])
+  estimator.train(make_input_fn(lambda: {'ids': sparse(IDS)}), steps=1)
+  assert estimator.get_variable_value('global_step') == 2
+  np.testing.assert_allclose(  # steps 1 and 2 again: two identical gradients
+      estimator.get_variable_value(TABLE_NAME['ids']),
+      expected_table(unweighted(IDS) * 2, path), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('path', ['cpu', 'embedding_core'])
+def test_unwritable_model_dir(path, tmp_path):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('')
+  model_dir = blocker / 'model'
+  estimator = make_estimator(model_dir, path)
+  error = outcome(estimator.train, make_input_fn(lambda: {'ids': sparse(IDS)}),
+                  max_steps=1)
+  _assert_raised(error, PermissionError, [
+      'model_dir {} is not writable'.format(model_dir)])
