@@ -330,7 +330,10 @@ def _slot_signatures():
   for parameters in optimizers.SUPPORTED_OPTIMIZERS:
     name = parameters.__name__[:-len('Parameters')]
     legacy[frozenset(s for s, _ in parameters.SLOTS)] = name + ' (TPU embedding)'
-    mid_level.setdefault(frozenset(m for _, m in parameters.SLOTS), name)
+    if not parameters._NO_MID_LEVEL_TWIN:  # pylint: disable=protected-access
+      # Only optimizers with a mid-level twin write mid-level checkpoints
+      # (ProximalAdagrad's accumulators alone would read as Adagrad's).
+      mid_level[frozenset(m for _, m in parameters.SLOTS)] = name
   legacy.update({
       frozenset({'Adam', 'Adam_1'}): 'Adam (model optimizer, use_tpu=False)',
       frozenset({'RMSProp', 'RMSProp_1'}): 'RMSProp (model optimizer, use_tpu=False)',

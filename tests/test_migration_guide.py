@@ -1,0 +1,235 @@
+"""The migration guide's examples, run in order on one trained model (both lanes).
+
+The unchanged legacy script of step 0 trains a model under `python -m tpu_fc run`
+(emulated TPU).  Every later step must give the same predictions on the same rows
+(within 1e-5): the step-1 estimator, the TF2 forward pass on the checkpoint that
+step 3 converts (with the example and with the page's CLI commands), and both
+SavedModels of step 5.  The TF2 loop of step 4 must continue training exactly as
+the estimator does, and its checkpoint must convert back into one the estimator
+predicts the same from.  On the legacy lane, TF 2.15's own TPUEstimator runs the
+step-0 script under plain python and predicts the same from the same checkpoint.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tpu_fc import __main__ as cli
+from tpu_fc._tf import TF_VERSION
+from tpu_fc._tf import tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GUIDE = os.path.join(REPO, 'migration_guide')
+EXAMPLES = os.path.join(GUIDE, 'examples')
+sys.path.insert(0, EXAMPLES)
+
+import step1_train  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import step2_mid_level_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import step3_convert_checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import step4_tf2_loop  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import step5_serve  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+TRAIN_STEPS = 20
+MORE_STEPS = 5
+ATOL = 1e-5
+SPEC_REFERENCE = os.path.join(EXAMPLES, 'step1_train.py') + ':embedding_config_spec'
+
+
+def assert_same_predictions(actual, expected):
+  np.testing.assert_allclose(actual, expected, rtol=0, atol=ATOL)
+
+
+def run_example(*args):
+  """Runs `python ARGS...` in the examples directory; its stdout."""
+  env = dict(os.environ)
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  process = subprocess.run([sys.executable] + list(args), cwd=EXAMPLES, env=env,
+                           capture_output=True, text=True, timeout=300)
+  assert process.returncode == 0, process.stderr[-3000:]
+  return process.stdout
+
+
+@pytest.fixture(name='work_dir', scope='module')
+def _work_dir(tmp_path_factory):
+  return tmp_path_factory.mktemp('migration_guide')
+
+
+@pytest.fixture(name='trained', scope='module')
+def _trained(work_dir):
+  """(model_dir, predictions) of the step-0 script run unchanged by tpu_fc."""
+  model_dir = str(work_dir / 'legacy')
+  predictions_file = str(work_dir / 'step0.npy')
+  run_example('-m', 'tpu_fc', 'run', 'step0_legacy_train.py',
+              '--model_dir', model_dir, '--train_steps', str(TRAIN_STEPS),
+              '--predictions_file', predictions_file)
+  return model_dir, np.load(predictions_file)
+
+
+@pytest.fixture(name='converted', scope='module')
+def _converted(trained, work_dir):
+  """Mid-level checkpoint prefixes written by the step-3 example and by the CLI."""
+  model_dir, _ = trained
+  by_example = step3_convert_checkpoint.main([model_dir, str(work_dir / 'mid')])
+  cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec', SPEC_REFERENCE,
+            model_dir, str(work_dir / 'mid_cli')])
+  return by_example, tf.train.latest_checkpoint(str(work_dir / 'mid_cli'))
+
+
+def test_step0_script_trains_and_predicts(trained):
+  model_dir, predictions = trained
+  assert tf.train.latest_checkpoint(model_dir).endswith(
+      'model.ckpt-{}'.format(TRAIN_STEPS))
+  assert predictions.shape == (len(step1_train.PREDICT_DATA[1]),)
+  assert np.all((predictions > 0) & (predictions < 1))
+
+
+@pytest.mark.skipif(TF_VERSION != (2, 15),
+                    reason='TF 2.15 with tensorflow_estimator only')
+def test_step0_tf215_tpu_estimator_predicts_the_same(trained, work_dir):
+  """TF's own TPUEstimator (use_tpu=False) runs the script under plain python."""
+  model_dir, predictions = trained
+  copy = str(work_dir / 'legacy_for_tf215')
+  shutil.copytree(model_dir, copy)
+  predictions_file = str(work_dir / 'tf215.npy')
+  run_example('step0_legacy_train.py', '--model_dir', copy, '--train_steps', '0',
+              '--no-use_tpu', '--predictions_file', predictions_file)
+  assert_same_predictions(np.load(predictions_file), predictions)
+
+
+def _renames_on_page():
+  """(legacy name, tpu_fc name) rows of the step-1 page's table."""
+  with open(os.path.join(GUIDE, 'step1_import_from_tpu_fc.md')) as page:
+    return re.findall(r'^\| `(tf\.[\w.]+)` \| `(tpu_fc\.[\w.]+)` \|$',
+                      page.read(), re.MULTILINE)
+
+
+def _code_after_docstring(path):
+  with open(os.path.join(EXAMPLES, path)) as source:
+    return source.read().split('"""', 2)[2]
+
+
+def test_step1_is_step0_with_the_names_the_page_lists():
+  renames = _renames_on_page()
+  assert len(renames) >= 9
+  renamed = _code_after_docstring('step0_legacy_train.py')
+  for legacy, new in sorted(renames, key=lambda pair: -len(pair[0])):
+    renamed = renamed.replace(legacy, new)
+  step1 = _code_after_docstring('step1_train.py').replace(
+      '\nimport tpu_fc  # before tensorflow: selects tf-keras on TF >= 2.16\n', '',
+      1)
+  assert renamed.replace('\n\n', '\n') == step1.replace('\n\n', '\n')
+
+
+def test_step1_predicts_the_same(trained):
+  model_dir, predictions = trained
+  assert_same_predictions(
+      step1_train.main(['--model_dir', model_dir, '--train_steps', '0']),
+      predictions)
+
+
+def test_step2_configs_match_the_trained_tables(trained):
+  mid_level = step2_mid_level_config.main([])
+  reader = tf.train.load_checkpoint(trained[0])
+  legacy_table_shapes = sorted(
+      shape for name, shape in reader.get_variable_to_shape_map().items()
+      if name.endswith(('/embedding_weights', '_shared_embedding')))
+  assert sorted([t.vocabulary_size, t.dim] for t in mid_level.tables) == (
+      legacy_table_shapes)
+
+
+def test_step2_refuses_hand_written_configs_that_differ(monkeypatch):
+  feature_config, optimizer = step2_mid_level_config.mid_level_configs()
+  user = feature_config['user'].table
+  feature_config['user'] = tf.tpu.experimental.embedding.FeatureConfig(
+      table=tf.tpu.experimental.embedding.TableConfig(
+          vocabulary_size=user.vocabulary_size, dim=user.dim, combiner='sum',
+          name=user.name), name='user')
+  monkeypatch.setattr(step2_mid_level_config, 'mid_level_configs',
+                      lambda: (feature_config, optimizer))
+  with pytest.raises(ValueError, match='differs from spec.to_mid_level'):
+    step2_mid_level_config.main([])
+
+
+def _checkpoint_values(prefix):
+  reader = tf.train.load_checkpoint(prefix)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if name != '_CHECKPOINTABLE_OBJECT_GRAPH'}
+
+
+def test_step3_example_and_cli_convert_alike(converted, capsys):
+  by_example, by_cli = converted
+  example_values = _checkpoint_values(by_example)
+  cli_values = _checkpoint_values(by_cli)
+  assert sorted(example_values) == sorted(cli_values)
+  for name, value in example_values.items():
+    np.testing.assert_array_equal(cli_values[name], value, err_msg=name)
+
+  capsys.readouterr()
+  cli.main(['inspect', os.path.dirname(by_cli), '--json'])
+  report = json.loads(capsys.readouterr().out)
+  assert report['format'] == 'mid-level'
+  assert report['global_step'] == TRAIN_STEPS
+  feature_config, _ = step2_mid_level_config.mid_level_configs()
+  assert {t['name']: (t['shape'], t['optimizer']) for t in report['tables']} == {
+      f.table.name: ([f.table.vocabulary_size, f.table.dim], 'Adagrad')
+      for f in feature_config.values()}
+  dense = step4_tf2_loop.DenseModel(feature_config).legacy_variables()
+  assert {v['name']: v['shape'] for v in report['dense_variables']} == {
+      name: variable.shape.as_list() for name, variable in dense.items()}
+
+
+def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
+  _, predictions = trained
+  for prefix in converted:
+    assert_same_predictions(step4_tf2_loop.main(['--checkpoint', prefix]),
+                            predictions)
+
+
+def test_step4_loop_trains_as_the_estimator_and_converts_back(
+    trained, converted, work_dir):
+  model_dir, predictions = trained
+  tf2_dir = str(work_dir / 'tf2')
+  after_tf2_loop = step4_tf2_loop.main([
+      '--checkpoint', converted[0], '--train_steps', str(MORE_STEPS),
+      '--save_dir', tf2_dir])
+  assert np.abs(after_tf2_loop - predictions).max() > 1e-3  # it did train
+
+  estimator_dir = str(work_dir / 'legacy_trained_further')
+  shutil.copytree(model_dir, estimator_dir)
+  after_estimator = step1_train.main([
+      '--model_dir', estimator_dir,
+      '--train_steps', str(TRAIN_STEPS + MORE_STEPS)])
+  assert_same_predictions(after_tf2_loop, after_estimator)
+
+  back_dir = str(work_dir / 'back_to_legacy')
+  cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', SPEC_REFERENCE,
+            tf2_dir, back_dir])
+  assert tf.train.latest_checkpoint(back_dir).endswith(
+      'model.ckpt-{}'.format(TRAIN_STEPS + MORE_STEPS))
+  assert_same_predictions(
+      step1_train.main(['--model_dir', back_dir, '--train_steps', '0']),
+      after_tf2_loop)
+
+
+def test_step5_both_saved_models_serve_the_same(trained, converted, work_dir):
+  model_dir, predictions = trained
+  served = step5_serve.main(['--model_dir', model_dir,
+                             '--checkpoint', converted[0],
+                             '--export_dir', str(work_dir / 'export')])
+  assert sorted(served) == ['legacy', 'mid_level']
+  for answers in served.values():
+    assert_same_predictions(answers, predictions)
+
+
+def test_guide_links_every_example():
+  with open(os.path.join(GUIDE, 'README.md')) as readme:
+    text = readme.read()
+  for example in sorted(os.listdir(EXAMPLES)):
+    if example.endswith('.py'):
+      assert 'examples/' + example in text, example
