@@ -45,13 +45,12 @@ def assert_same_predictions(actual, expected):
 
 
 def run_example(*args):
-  """Runs `python ARGS...` in the examples directory; its stdout."""
+  """Runs `python ARGS...` in the examples directory, as a user would."""
   env = dict(os.environ)
   env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
   process = subprocess.run([sys.executable] + list(args), cwd=EXAMPLES, env=env,
                            capture_output=True, text=True, timeout=300)
   assert process.returncode == 0, process.stderr[-3000:]
-  return process.stdout
 
 
 @pytest.fixture(name='work_dir', scope='module')
