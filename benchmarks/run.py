@@ -96,8 +96,8 @@ def plan(args):
   zipf64 = dataclasses.replace(base, dim=64)
   all_paths = tuple(TRAINING_PATHS)
   if quick:
-    experiments = [(zipf16, tuple(p for p in all_paths if p != 'raw_no_mlp')),
-                   (zipf64, TARGET_PATHS)]
+    experiments = [(zipf16, TARGET_PATHS),
+                   (zipf64, CONTRAST_PATHS + ('mid_level',))]
   else:
     experiments = [
         (zipf16, all_paths), (zipf64, all_paths),
