@@ -371,3 +371,49 @@ def test_real_tpu_estimator_checkpoint_converts(tmp_path):
     np.testing.assert_array_equal(
         mid_level['embedding/{}.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE'.format(
             table)], legacy[name + '/Adagrad'])
+
+
+# Mid-level export --------------------------------------------------------------------
+
+
+class _SumOfActivations(tf.Module):
+  """A stand-in migrated dense model: the sum of every activation."""
+
+  def __call__(self, activations, features):
+    del features
+    return {'score': tf.add_n([tf.reduce_sum(value, axis=1)
+                               for value in activations.values()])}
+
+
+def _example(ids):
+  feature = {key: tf.train.Feature(int64_list=tf.train.Int64List(value=value))
+             for key, value in ids.items()}
+  feature['w_weight'] = tf.train.Feature(
+      float_list=tf.train.FloatList(value=[1.0] * len(ids['w'])))
+  return tf.train.Example(features=tf.train.Features(
+      feature=feature)).SerializeToString()
+
+
+def test_mid_level_export_serves_tables_and_rejects_bad_ids(trained, tmp_path):
+  spec, model_dir, mid_level = trained
+  feature_spec = {key: tf.io.VarLenFeature(tf.int64) for key in 'awbc'}
+  feature_spec['w_weight'] = tf.io.VarLenFeature(tf.float32)
+  tpu_fc.serving.export_mid_level_saved_model(
+      str(tmp_path), spec, _SumOfActivations(), feature_spec, mid_level)
+  serve = tf.saved_model.load(str(tmp_path)).signatures['serving_default']
+  legacy = checkpoint_values(model_dir)
+  ids = {'a': [3], 'w': [4], 'b': [1], 'c': [6]}
+  expected = (legacy[A_TABLE][3].sum() + legacy[SHARED_TABLE][[1, 6]].sum() +
+              legacy['dense_features/w_weighted_by_w_weight_embedding/'
+                     'embedding_weights'][4].sum())
+  np.testing.assert_allclose(serve(examples=tf.constant([_example(ids)]))['score'],
+                             [expected], rtol=1e-5)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'Feature a: ids must be < vocabulary size 10 of '
+                     r'table tbl_a'):
+    serve(examples=tf.constant([_example(dict(ids, a=[12]))]))
+  np.testing.assert_allclose(serve(examples=tf.constant([_example(ids)]))['score'],
+                             [expected], rtol=1e-5)
+  saved = tf.train.list_variables(str(tmp_path / 'variables' / 'variables'))
+  assert not any(slot in name for name, _ in saved
+                 for slot in ('accumulators', 'momenta', 'velocities', 'linears'))

@@ -20,6 +20,7 @@ from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator.spec import ModeKeys
+from tpu_fc.lookup.embedding_core import check_ids
 
 
 def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn,
@@ -102,15 +103,29 @@ class MidLevelServingModel(tf.Module):
   def __init__(self, spec, dense_model):
     super().__init__()
     self._mid_level = spec.to_mid_level()
+    # Tables without optimizers: serving needs no slots.
     self.embedding = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
-        self._mid_level.feature_config, self._mid_level.optimizer)
+        self._mid_level.serving_feature_config(), None)
     self.dense_model = dense_model
 
   def __call__(self, features):
     inputs, weights = self._mid_level.split_features(features)
+    inputs = {name: _checked_ids(name, config.table, value)
+              for (name, value), config in zip(
+                  inputs.items(), self._mid_level.feature_config.values())}
     return self.dense_model(self.embedding.embedding_lookup(inputs, weights),
                             features)
 
+
+def _checked_ids(feature_name, table, ids):
+  """`ids` (dense, sparse or ragged), failing the request if one is out of range."""
+  def check(values):
+    return check_ids(feature_name, table.name, values, table.vocabulary_size)
+  if isinstance(ids, tf.SparseTensor):
+    return tf.SparseTensor(ids.indices, check(ids.values), ids.dense_shape)
+  if isinstance(ids, tf.RaggedTensor):
+    return ids.with_flat_values(check(ids.flat_values))
+  return check(ids)
 
 
 def _restore_tables(embedding, spec, checkpoint):

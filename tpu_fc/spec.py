@@ -368,6 +368,19 @@ class MidLevelConfig:
   tables: List[Any]
   weight_keys: Dict[str, str]
 
+  def serving_feature_config(self):
+    """`feature_config` on copies of the tables without optimizers (no slots)."""
+    embedding = tf.tpu.experimental.embedding
+    tables = {id(table): embedding.TableConfig(
+        vocabulary_size=table.vocabulary_size, dim=table.dim,
+        initializer=table.initializer, combiner=table.combiner, name=table.name)
+              for table in self.tables}
+    return {name: embedding.FeatureConfig(
+        table=tables[id(feature.table)],
+        max_sequence_length=feature.max_sequence_length,
+        output_shape=feature.output_shape, name=feature.name)
+            for name, feature in self.feature_config.items()}
+
   def split_features(self, features):
     """(inputs, weights) structured like `feature_config`, from an estimator-style dict."""
     inputs = {name: features[name] for name in self.feature_config}
