@@ -222,6 +222,11 @@ def before_save_listeners(graph):
   return [BeforeSave(ops)] if ops else []
 
 
+def saves_input_position(graph):
+  """Whether the graph's checkpoints hold an input position (InputPipelinePosition)."""
+  return bool(graph.get_collection(_INPUT_PIPELINE_COLLECTION))
+
+
 class InputPipelinePosition:
   """The position of a training input's iterator, saved in every model checkpoint.
 
@@ -244,7 +249,8 @@ class InputPipelinePosition:
     checkpoint_path = tf.train.latest_checkpoint(self._model_dir)
     if not checkpoint_path:
       return
-    if self._saveable.name not in checkpoint_shapes(checkpoint_path):
+    saved = checkpoint_shapes(checkpoint_path)
+    if not all(spec.name in saved for spec in self._saveable.specs):
       logging.warning(
           'Checkpoint %s has no input pipeline position (it was written '
           'without CheckpointInputPipelineHook); the input starts from its '

@@ -377,7 +377,7 @@ class TPUEstimator(object):
 
     def build_predict(features):
       params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
-      del params[_BATCH_SIZE_KEY]  # serving batches vary, as in TF
+      params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
       with lookup_context.building(ModeKeys.PREDICT):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))

@@ -69,13 +69,18 @@ def train(spec, hooks, saving_listeners, config, log_step_count_steps):
     listeners = saver_hooks[0]._listeners  # pylint: disable=protected-access
     listeners.extend(l for l in saving_listeners if l not in listeners)
 
+  chief_only_hooks = tuple(chief_hooks) + tuple(spec.training_chief_hooks)
+  if checkpoints.saves_input_position(graph) and config.is_chief:
+    # The input hooks initialize the iterator and move it to its saved position
+    # before the checkpoint hook's first save, which writes that position.
+    worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
   with tf.compat.v1.train.MonitoredTrainingSession(
       master=config.master,
       is_chief=config.is_chief,
       checkpoint_dir=config.model_dir,
       scaffold=spec.scaffold,
       hooks=worker_hooks,
-      chief_only_hooks=tuple(chief_hooks) + tuple(spec.training_chief_hooks),
+      chief_only_hooks=chief_only_hooks,
       save_checkpoint_secs=0,
       save_summaries_steps=config.save_summary_steps,
       config=config.session_config,
