@@ -91,6 +91,32 @@ def _add_checkpoint_commands(commands):
   convert.set_defaults(handler=_reporting_user_errors(_convert_checkpoint))
 
 
+def _cluster(args):
+  from tpu_fc import cluster  # pylint: disable=g-import-not-at-top
+  cluster.main(args)
+
+
+def _add_cluster_command(commands):
+  cluster = commands.add_parser(
+      'cluster', help='run a script as a parameter-server cluster on this '
+      'machine: ps tasks, a chief and workers on 127.0.0.1',
+      usage='%(prog)s [--ps N] [--workers M] [options] -- SCRIPT.py [ARGS...]')
+  cluster.add_argument('--ps', type=int, default=1, help='ps tasks (default 1)')
+  cluster.add_argument('--workers', type=int, default=1,
+                       help='workers besides the chief (default 1)')
+  cluster.add_argument('--log_dir', default=None,
+                       help='where each task writes <job>-<index>.log '
+                       '(default: a temporary dir)')
+  cluster.add_argument('--timeout', type=float, default=None,
+                       help='stop the job after this many seconds')
+  cluster.add_argument('--max_restarts', type=int, default=3,
+                       help='restarts of a killed task before the job fails')
+  cluster.add_argument('script', help='the script every task runs, as __main__')
+  cluster.add_argument('script_args', nargs=argparse.REMAINDER,
+                       help='arguments passed to the script')
+  cluster.set_defaults(handler=_cluster)
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
       prog='tpu-fc', description='Legacy TPU embedding columns and TPUEstimator '
@@ -108,6 +134,7 @@ def main(argv=None):
   demo.add_argument('--steps', type=int, default=300, help='training steps')
   demo.set_defaults(handler=_demo)
   _add_checkpoint_commands(commands)
+  _add_cluster_command(commands)
   args = parser.parse_args(argv)
   args.handler(args)
 

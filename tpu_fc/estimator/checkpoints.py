@@ -18,6 +18,7 @@ import collections
 from absl import logging
 
 from tensorflow.python.data.experimental.ops import iterator_ops
+from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training.saving import saveable_object_util
 
 from tpu_fc._tf import tf
@@ -44,8 +45,9 @@ def _is_optimizer_state(name, names):
 def _variables_saved_as(var_list, names):
   """The variables `var_list` saves under `names`.
 
-  `var_list` values are variables, or (from `op_list_to_dict`) the handle of a
-  resource variable or the parts of a partitioned one: those are found by name.
+  `var_list` values are variables, partitioned variables (an engine table in a
+  cluster), or (from `op_list_to_dict`) the handle of a resource variable or the
+  parts of a partitioned one: those are found by name.
   """
   by_name = collections.defaultdict(list)
   for variable in tf.compat.v1.global_variables():
@@ -54,7 +56,10 @@ def _variables_saved_as(var_list, names):
   found = []
   for name in names:
     value = var_list[name]
-    found.extend([value] if hasattr(value, 'initializer') else by_name[name])
+    if isinstance(value, variables_lib.PartitionedVariable):
+      found.extend(value)
+    else:
+      found.extend([value] if hasattr(value, 'initializer') else by_name[name])
   return found
 
 

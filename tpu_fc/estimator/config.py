@@ -1,12 +1,15 @@
 """Run configuration: `RunConfig`, `TPUConfig`, `InputPipelineConfig`.
 
 Same fields, defaults and error texts as `tf.compat.v1.estimator.tpu.*` in
-tensorflow-estimator 2.15 (which does not import on TF >= 2.16). The driver runs
-one process, so the cluster-role properties have their single-process values
-and `TF_CONFIG` is read only for the TPU job name, as `TPUConfig` does.
+tensorflow-estimator 2.15 (which does not import on TF >= 2.16). The cluster
+roles (task type and id, chief, master, ps and worker counts) come from
+`TF_CONFIG` exactly as `tf.estimator.RunConfig` read them, or from a
+`ClusterResolver` passed as `cluster` whose cluster has a `ps` job (a
+parameter-server cluster; see `tpu_fc.estimator.distributed`).
 """
 import collections
 import copy
+import inspect
 import json
 import os
 import re
@@ -160,6 +163,189 @@ def coerce_tpu_config(tpu_config):
   })
 
 
+_TF_CONFIG_ENV = 'TF_CONFIG'
+_LOCAL_MASTER = ''
+_GRPC_SCHEME = 'grpc://'
+CHIEF, WORKER, PS, EVALUATOR, MASTER = (
+    'chief', 'worker', 'ps', 'evaluator', 'master')
+
+
+def _tf_config():
+  return json.loads(os.environ.get(_TF_CONFIG_ENV) or '{}')
+
+
+def _model_dir_in(tf_config, model_dir):
+  """`model_dir`, or TF_CONFIG's `model_dir` (which must then agree), as Estimator."""
+  if model_dir == '':  # pylint: disable=g-explicit-bool-comparison
+    raise ValueError('model_dir should be non-empty.')
+  in_tf_config = tf_config.get('model_dir')
+  if in_tf_config == '':  # pylint: disable=g-explicit-bool-comparison
+    raise ValueError('model_dir in TF_CONFIG should be non-empty.')
+  if not in_tf_config:
+    return model_dir
+  if model_dir and in_tf_config != model_dir:
+    raise ValueError(
+        '`model_dir` provided in RunConfig construct, if set, '
+        'must have the same value as the model_dir in TF_CONFIG. '
+        'model_dir: {}\nTF_CONFIG["model_dir"]: {}.\n'.format(
+            model_dir, in_tf_config))
+  tf.compat.v1.logging.info('Using model_dir in TF_CONFIG: %s', in_tf_config)
+  return in_tf_config
+
+
+def _checked_task(cluster_spec, task_type, task_id, chief_task_type):
+  """Estimator's checks of the task against the cluster; returns (type, id)."""
+  if chief_task_type not in cluster_spec.jobs:
+    raise ValueError(
+        'If "cluster" is set in TF_CONFIG, it must have one "%s" node.' %
+        chief_task_type)
+  if len(cluster_spec.job_tasks(chief_task_type)) > 1:
+    raise ValueError(
+        'The "cluster" in TF_CONFIG must have only one "%s" node.' %
+        chief_task_type)
+  if not task_type:
+    raise ValueError('If "cluster" is set in TF_CONFIG, task type must be set.')
+  if task_id is None:
+    raise ValueError(
+        'If "cluster" is set in TF_CONFIG, task index must be set.')
+  task_id = int(task_id)
+  if task_id < 0:
+    raise ValueError('Task index must be non-negative number.')
+  if task_type == EVALUATOR:  # not part of the training cluster
+    return task_type, task_id
+  if task_type not in cluster_spec.jobs:
+    raise ValueError(
+        '%s is not a valid task_type in the cluster_spec:\n%s\n\nNote that '
+        'these values may be coming from the TF_CONFIG environment variable.' %
+        (task_type, cluster_spec))
+  if not 0 <= task_id < len(cluster_spec.job_tasks(task_type)):
+    raise ValueError(
+        '%d is not a valid task_id for task_type %s in the cluster_spec:\n%s'
+        '\n\nNote that these values may be coming from the TF_CONFIG '
+        'environment variable.' % (task_id, task_type, cluster_spec))
+  return task_type, task_id
+
+
+def _global_id_in_cluster(cluster_spec, task_type, task_id, chief_task_type):
+  """Chief 0, then other jobs alphabetically, ps last (Estimator's order)."""
+  ordered = [chief_task_type] + [
+      job for job in sorted(cluster_spec.jobs)
+      if job not in (chief_task_type, PS)]
+  if PS in cluster_spec.jobs:
+    ordered.append(PS)
+  next_id = 0
+  for job in ordered:
+    if job == task_type:
+      return next_id + task_id
+    next_id += len(cluster_spec.job_tasks(job))
+  raise RuntimeError('Internal Error: `task_type` ({}) is not in '
+                     'cluster_spec ({}).'.format(task_type, cluster_spec))
+
+
+def _session_master(cluster_spec, task_type, task_id, tf_config):
+  """TF_CONFIG's session_master, '' for a one-task cluster, else the task's grpc address."""
+  if 'session_master' in tf_config:
+    return tf_config['session_master']
+  jobs = cluster_spec.jobs
+  if len(jobs) == 1 and len(cluster_spec.job_tasks(jobs[0])) == 1:
+    return _LOCAL_MASTER
+  return _GRPC_SCHEME + cluster_spec.job_tasks(task_type)[task_id]
+
+
+def cluster_settings(cluster_spec, task_type, task_id, tf_config=None):
+  """The cluster-role properties of one task, as `tf.estimator.RunConfig` set them.
+
+  An empty `cluster_spec` is local mode (one worker, the chief).  A cluster with
+  a `master` job is the legacy layout, where `master` is the chief.
+  """
+  tf_config = tf_config or {}
+  if not cluster_spec:
+    task_type = task_type or WORKER
+    task_id = int(task_id or 0)
+    if task_type != WORKER:
+      raise ValueError(
+          'If "cluster" is not set in TF_CONFIG, task type must be WORKER.')
+    if task_id != 0:
+      raise ValueError(
+          'If "cluster" is not set in TF_CONFIG, task index must be 0.')
+    return dict(
+        cluster_spec=cluster_spec, task_type=task_type, task_id=task_id,
+        master=tf_config.get('session_master', _LOCAL_MASTER),
+        evaluation_master=tf_config.get('eval_session_master', _LOCAL_MASTER),
+        is_chief=True, num_ps_replicas=0, num_worker_replicas=1,
+        global_id_in_cluster=0)
+  chief_task_type = CHIEF
+  if MASTER in cluster_spec.jobs:
+    if CHIEF in cluster_spec.jobs:
+      raise ValueError('If `master` node exists in `cluster`, job '
+                       '`chief` is not supported.')
+    chief_task_type = MASTER
+  task_type, task_id = _checked_task(cluster_spec, task_type, task_id,
+                                     chief_task_type)
+  if task_type == EVALUATOR:
+    if chief_task_type == MASTER:
+      raise ValueError('If `master` node exists in `cluster`, task_type '
+                       '`evaluator` is not supported.')
+    return dict(
+        cluster_spec=tf.train.ClusterSpec({}), task_type=task_type,
+        task_id=task_id, master=_LOCAL_MASTER,
+        evaluation_master=tf_config.get('eval_session_master', _LOCAL_MASTER),
+        is_chief=False, num_ps_replicas=0, num_worker_replicas=0,
+        global_id_in_cluster=None)
+  jobs = cluster_spec.as_dict()
+  return dict(
+      cluster_spec=cluster_spec, task_type=task_type, task_id=task_id,
+      master=_session_master(cluster_spec, task_type, task_id, tf_config),
+      evaluation_master=_LOCAL_MASTER,
+      is_chief=task_type == chief_task_type,
+      num_ps_replicas=len(jobs.get(PS, [])),
+      num_worker_replicas=(len(jobs.get(WORKER, [])) +
+                           len(jobs.get(chief_task_type, []))),
+      global_id_in_cluster=_global_id_in_cluster(cluster_spec, task_type,
+                                                 task_id, chief_task_type))
+
+
+def _settings_from_tf_config(tf_config):
+  service = tf_config.get('service')
+  if service is not None and not isinstance(service, dict):
+    raise TypeError(
+        'If "service" is set in TF_CONFIG, it must be a dict. Given %s' %
+        type(service))
+  task = tf_config.get('task', {})
+  return cluster_settings(tf.train.ClusterSpec(tf_config.get('cluster', {})),
+                          task.get('type'), task.get('index'), tf_config)
+
+
+def is_parameter_server_cluster(resolver):
+  """Whether a `ClusterResolver`'s cluster has a `ps` job."""
+  return PS in resolver.cluster_spec().jobs
+
+
+def _settings_from_resolver(resolver):
+  """A parameter-server `ClusterResolver`'s task, as if given by TF_CONFIG."""
+  return cluster_settings(resolver.cluster_spec(), resolver.task_type,
+                          resolver.task_id)
+
+
+def distributed_session_config(task_type, task_id):
+  """Estimator's default session config for a task of a between-graph cluster.
+
+  Device filters let each trainer talk only to the ps tasks and itself, so a
+  worker that is down or restarting stalls nobody else.  None for evaluators.
+  """
+  filters = {
+      MASTER: ['/job:ps', '/job:master'],
+      CHIEF: ['/job:ps', '/job:chief'],
+      WORKER: ['/job:ps', '/job:worker/task:%d' % task_id],
+      PS: ['/job:ps', '/job:worker', '/job:chief', '/job:master'],
+  }.get(task_type)
+  if filters is None:
+    return None
+  session_config = default_session_config()
+  session_config.device_filters.extend(filters)
+  return session_config
+
+
 _USE_DEFAULT = object()
 _SAVE_CKPT_ERR = (
     '`save_checkpoints_steps` and `save_checkpoints_secs` cannot be both set.')
@@ -170,7 +356,11 @@ _KWARG_FIELDS = (
     'save_checkpoints_steps', 'save_checkpoints_secs', 'session_config',
     'keep_checkpoint_max', 'keep_checkpoint_every_n_hours',
     'log_step_count_steps', 'session_creation_timeout_secs',
-    'checkpoint_save_graph_def')
+    'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas')
+# The cluster-role properties: from TF_CONFIG or a parameter-server resolver.
+_CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
+                   'evaluation_master', 'is_chief', 'num_ps_replicas',
+                   'num_worker_replicas', 'global_id_in_cluster')
 _REPLACEABLE = list(_KWARG_FIELDS) + ['tpu_config']
 
 # (field, predicate, message): estimator run_config._validate_properties,
@@ -195,7 +385,13 @@ _PROPERTY_CHECKS = (
      'tf_random_seed must be integer.'),
     ('session_creation_timeout_secs', lambda v: v > 0,
      'session_creation_timeout_secs should be > 0'),
+    ('device_fn', lambda v: callable(v) and _fn_args(v) == ('op',),
+     'device_fn must be callable with exactly one argument "op".'),
 )
+
+
+def _fn_args(fn):
+  return tuple(inspect.signature(fn).parameters)
 
 
 def _validate(values):
@@ -217,10 +413,16 @@ def _field(name):
 class RunConfig(object):
   """Immutable run configuration (legacy `tf.estimator.tpu.RunConfig`).
 
-  Keyword arguments are those of `tf.estimator.RunConfig` that a single-process
-  driver uses; `save_checkpoints_secs` defaults to 600 when neither it nor
-  `save_checkpoints_steps` is given. `cluster` is a TPU `ClusterResolver`
-  whose master and cluster spec are taken as in TF.
+  Keyword arguments are those of `tf.estimator.RunConfig` that the driver uses;
+  `save_checkpoints_secs` defaults to 600 when neither it nor
+  `save_checkpoints_steps` is given.  `cluster` is a TPU `ClusterResolver`
+  whose master and cluster spec are taken as in TF, or a resolver of a
+  parameter-server cluster (one with a `ps` job, e.g. a `SimpleClusterResolver`
+  with task_type and task_id), which then stands in for `TF_CONFIG`.
+
+  `sync_replicas` (tpu_fc's own): in a parameter-server cluster, aggregate the
+  gradients of all training tasks every step, with `SyncReplicasOptimizer`
+  semantics, instead of training asynchronously (Estimator's default).
   """
 
   def __init__(self,
@@ -239,7 +441,10 @@ class RunConfig(object):
                keep_checkpoint_every_n_hours=10000,
                log_step_count_steps=100,
                session_creation_timeout_secs=7200,
-               checkpoint_save_graph_def=True):
+               checkpoint_save_graph_def=True,
+               device_fn=None,
+               protocol=None,
+               sync_replicas=False):
     if (save_checkpoints_steps is _USE_DEFAULT and
         save_checkpoints_secs is _USE_DEFAULT):
       save_checkpoints_steps, save_checkpoints_secs = None, 600
@@ -250,17 +455,33 @@ class RunConfig(object):
     elif (save_checkpoints_steps is not None and
           save_checkpoints_secs is not None):
       raise ValueError(_SAVE_CKPT_ERR)
-    model_dir = path_to_str(model_dir)
-    if model_dir == '':  # pylint: disable=g-explicit-bool-comparison
-      raise ValueError('model_dir should be non-empty.')
+    tf_config = _tf_config()
+    if tf_config:
+      tf.compat.v1.logging.info('TF_CONFIG environment variable: %s', tf_config)
+    model_dir = _model_dir_in(tf_config, path_to_str(model_dir))
     if master is not None and cluster is not None:
       raise ValueError('Both master and cluster are set.')
-    if master is None:
-      master = cluster.master() if cluster else ''
-    cluster_spec = tf.train.ClusterSpec({})
-    if cluster:
-      cluster_spec = cluster.cluster_spec()
-      session_config = _with_cluster_def(session_config, cluster_spec)
+    tpu_cluster = cluster is not None and not is_parameter_server_cluster(cluster)
+    if cluster is not None and not tpu_cluster:
+      settings = _settings_from_resolver(cluster)
+    else:
+      settings = _settings_from_tf_config(tf_config)
+    if master is not None:
+      settings['master'] = master
+    elif tpu_cluster:
+      settings['master'] = cluster.master()
+    if evaluation_master is not None:
+      settings['evaluation_master'] = evaluation_master
+    elif (not settings['evaluation_master'] and
+          settings['task_type'] != EVALUATOR):
+      settings['evaluation_master'] = settings['master']
+    if tpu_cluster:
+      settings['cluster_spec'] = cluster.cluster_spec()
+      session_config = _with_cluster_def(session_config,
+                                         settings['cluster_spec'])
+    elif session_config is None and settings['num_ps_replicas']:
+      session_config = distributed_session_config(settings['task_type'],
+                                                  settings['task_id'])
     self._values = dict(
         model_dir=model_dir,
         tf_random_seed=tf_random_seed,
@@ -273,12 +494,12 @@ class RunConfig(object):
         log_step_count_steps=log_step_count_steps,
         session_creation_timeout_secs=session_creation_timeout_secs,
         checkpoint_save_graph_def=checkpoint_save_graph_def,
+        device_fn=device_fn,
+        protocol=protocol,
+        sync_replicas=sync_replicas,
         tpu_config=coerce_tpu_config(tpu_config),
-        master=master,
-        evaluation_master=(master if evaluation_master is None else
-                           evaluation_master),
         cluster=cluster,
-        cluster_spec=cluster_spec)
+        **settings)
     _validate(self._values)
 
   model_dir = _field('model_dir')
@@ -292,19 +513,20 @@ class RunConfig(object):
   log_step_count_steps = _field('log_step_count_steps')
   session_creation_timeout_secs = _field('session_creation_timeout_secs')
   checkpoint_save_graph_def = _field('checkpoint_save_graph_def')
+  device_fn = _field('device_fn')
+  protocol = _field('protocol')
+  sync_replicas = _field('sync_replicas')
   tpu_config = _field('tpu_config')
   master = _field('master')
   evaluation_master = _field('evaluation_master')
   cluster = _field('cluster')
   cluster_spec = _field('cluster_spec')
-
-  # Single-process values of the cluster-role properties model_fns may read.
-  is_chief = property(lambda self: True)
-  task_type = property(lambda self: 'worker')
-  task_id = property(lambda self: 0)
-  global_id_in_cluster = property(lambda self: 0)
-  num_ps_replicas = property(lambda self: 0)
-  num_worker_replicas = property(lambda self: 1)
+  is_chief = _field('is_chief')
+  task_type = _field('task_type')
+  task_id = _field('task_id')
+  global_id_in_cluster = _field('global_id_in_cluster')
+  num_ps_replicas = _field('num_ps_replicas')
+  num_worker_replicas = _field('num_worker_replicas')
 
   def replace(self, **kwargs):
     """Returns a copy with the given fields replaced (legacy rules)."""
@@ -384,8 +606,7 @@ def coerce_run_config(config):
   defaults = RunConfig()
   values = {
       name: getattr(config, name, getattr(defaults, name))
-      for name in _KWARG_FIELDS + ('master', 'evaluation_master', 'cluster',
-                                    'cluster_spec')
+      for name in _KWARG_FIELDS + _CLUSTER_FIELDS + ('cluster',)
   }
   values['model_dir'] = path_to_str(values['model_dir'])
   values['tpu_config'] = coerce_tpu_config(config.tpu_config)

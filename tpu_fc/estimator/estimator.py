@@ -5,8 +5,13 @@ step, input_fn, then the model through `TPUEstimator._build_model`, the one
 seam where model graph construction happens) and hands the resulting spec to
 `loops`, which runs the session. With use_tpu=False every mode runs the
 model_fn as a plain CPU graph, exactly as TF 2.15's `TPUEstimator` did.
+In a parameter-server cluster (`TF_CONFIG`, see `distributed`) training is
+Estimator's between-graph replication: ps tasks serve variables, the chief and
+the workers build the graph with a replica device setter and train on their
+own server.
 """
 import collections
+import contextlib
 import copy
 import math
 import os
@@ -16,6 +21,7 @@ from tpu_fc import serving
 from tpu_fc._tf import tf
 from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
+from tpu_fc.estimator import distributed
 from tpu_fc.estimator import loops
 from tpu_fc.estimator import tpu_context
 from tpu_fc.estimator import tpu_emulation
@@ -424,7 +430,11 @@ class TPUEstimator(object):
     """Trains from the latest checkpoint in model_dir (or from scratch).
 
     `steps` more steps, up to global step `max_steps`, or until input ends.
+    On a ps task of a cluster, serves variables instead, until stopped.
     """
+    if self._config.task_type == 'ps':
+      distributed.join(self._config)
+    self._start_cluster_server()
     if steps is not None and max_steps is not None:
       raise ValueError('Can not provide both steps and max_steps.')
     if steps is not None and steps <= 0:
@@ -445,7 +455,8 @@ class TPUEstimator(object):
       hooks.append(tpu_emulation.LoopIterationsHook(steps, max_steps))
     saving_listeners = _check_listeners_type(saving_listeners)
     _check_writable(self._model_dir)
-    with tf.Graph().as_default():
+    with tf.Graph().as_default() as graph, graph.device(
+        distributed.device_fn(self._config)):
       spec, input_hooks = self._build_graph(
           input_fn, ModeKeys.TRAIN, self.latest_checkpoint(),
           position_hooks[0] if position_hooks else None)
@@ -456,8 +467,11 @@ class TPUEstimator(object):
                 self._batch_sizes[ModeKeys.TRAIN],
                 every_n_steps=self._log_every_n_steps,
                 every_n_secs=self._log_every_n_secs,
-                output_dir=(self._model_dir
-                            if self._config.save_summary_steps else None)),))
+                output_dir=(self._model_dir if self._config.save_summary_steps
+                            and self._config.is_chief else None)),))
+      if (distributed.is_parameter_server_cluster(self._config) and
+          not self._config.is_chief):
+        distributed.wait_for_chief(self._config)
       loss = loops.train(spec, input_hooks + hooks, saving_listeners,
                          self._config, self._log_step_count_steps)
     tf.compat.v1.logging.info('Loss for final step: %s.', loss)
@@ -475,6 +489,7 @@ class TPUEstimator(object):
     `eval_dir(name)`.
     """
     hooks = _check_hooks_type(hooks)
+    self._start_cluster_server()
     if steps is not None:
       if steps <= 0:
         raise ValueError('Must specify steps > 0, given: {}'.format(steps))
@@ -499,6 +514,7 @@ class TPUEstimator(object):
               yield_single_examples=True):
     """Yields predictions (dicts, or the tensor's values) until input ends."""
     hooks = _check_hooks_type(hooks)
+    self._start_cluster_server()
     if not checkpoint_path:
       checkpoint_path = self.latest_checkpoint()
     if not checkpoint_path:
@@ -512,6 +528,11 @@ class TPUEstimator(object):
                                   self._config, predict_keys,
                                   yield_single_examples)
     yield from predictions
+
+  def _start_cluster_server(self):
+    """In a ps cluster, this task's server: its sessions run through it."""
+    if distributed.is_parameter_server_cluster(self._config):
+      distributed.server(self._config)
 
   def _build_graph(self, input_fn, mode, checkpoint_path, position_hook=None):
     """Builds `mode`'s graph in the default graph; returns (spec, input hooks).
@@ -535,12 +556,19 @@ class TPUEstimator(object):
       for hook in input_hooks:
         hook.save_position(self._model_dir, position_hook.external_state_policy)
     iterations = self._loop_iterations(mode) if from_dataset else 1
-    if iterations > 1:
-      spec = tpu_emulation.training_loop(
-          lambda f, l: self._build_model(f, l, mode, self.config), next_batch,
-          iterations)
-    else:
-      spec = self._build_model(*next_batch(), mode, self.config)
+    with self._cluster_training(mode) as sync:
+      if iterations > 1:
+        spec = tpu_emulation.training_loop(
+            lambda f, l: self._build_model(f, l, mode, self.config),
+            next_batch, iterations)
+      else:
+        spec = self._build_model(*next_batch(), mode, self.config)
+    if sync is not None:
+      train_op, hook = sync.train_op(
+          spec.train_op, tf.compat.v1.train.get_global_step(graph),
+          self._config.is_chief)
+      spec = spec._replace(train_op=train_op,
+                           training_hooks=tuple(spec.training_hooks) + (hook,))
     if spec.scaffold.saver is None:
       checkpoints.add_saver(graph, checkpoint_path, self._config)
     if self._warm_start_settings and not checkpoint_path:
@@ -548,6 +576,25 @@ class TPUEstimator(object):
                                 (self._warm_start_settings,))
       tf.compat.v1.train.warm_start(*self._warm_start_settings)
     return spec, input_hooks
+
+  @contextlib.contextmanager
+  def _cluster_training(self, mode):
+    """Around the TRAIN model in a ps cluster: tables split over the ps tasks.
+
+    Yields the `SyncReplicas` of synchronous training, else None.
+    """
+    if (mode != ModeKeys.TRAIN or
+        not distributed.is_parameter_server_cluster(self._config)):
+      yield None
+      return
+    with distributed.partitioned_tables(self._embedding_config_spec,
+                                        self._config.num_ps_replicas):
+      if not self._config.sync_replicas:
+        yield None
+        return
+      sync = distributed.SyncReplicas(self._config.num_worker_replicas)
+      with sync.building():
+        yield sync
 
   def _build_model(self, features, labels, mode, config):
     """Builds the model for `mode`; returns its `EstimatorSpec`.
@@ -580,12 +627,14 @@ class TPUEstimator(object):
     As on a TPU, emulated training runs that many steps in an in-graph loop.
     Elsewhere, for a time-based iterations_per_loop ('30s'), with TF1 control
     flow (whose loops cannot create variables), or while profiling lookups
-    (the profiler reads each step's ids), one step per run.
+    (the profiler reads each step's ids), or in a ps cluster (each step's
+    variables and tokens go through the ps tasks), one step per run.
     """
     iterations = parse_iterations_per_loop(
         self._config.tpu_config.iterations_per_loop)
     spec = self._embedding_config_spec
     if (mode != ModeKeys.TRAIN or self._running_on_cpu(mode) or
+        distributed.is_parameter_server_cluster(self._config) or
         iterations.unit != 'count' or
         not tf.compat.v1.control_flow_v2_enabled() or
         (spec is not None and spec.profile_data_directory)):
@@ -645,7 +694,9 @@ class TPUEstimator(object):
     if 'mode' in args:
       kwargs['mode'] = mode
     if 'input_context' in args:
-      kwargs['input_context'] = None
+      kwargs['input_context'] = (
+          distributed.input_context(self._config)
+          if distributed.is_parameter_server_cluster(self._config) else None)
     if (mode != ModeKeys.TRAIN and self._running_on_cpu(mode) and
         self._config.tpu_config.eval_training_input_configuration ==
         InputPipelineConfig.SLICED):

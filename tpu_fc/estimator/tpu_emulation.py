@@ -17,6 +17,7 @@ from tpu_fc.estimator import spec as spec_lib
 from tpu_fc.lookup import context as lookup_context
 from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import profile
+from tpu_fc.lookup import sparse_update
 from tpu_fc.lookup import tensor_core
 
 _logged_once = []
@@ -115,7 +116,8 @@ def _localize_dummies(graph):
 def _checkpoint_names(engine, graph):
   """Legacy checkpoint name -> variable: engine tables and slots, dense variables."""
   names = engine.checkpoint_variables(graph) if engine else {}
-  owned = {id(v) for v in names.values()}
+  owned = {id(part) for v in names.values()
+           for part in sparse_update.table_parts(v)}
   for variable in tf.compat.v1.global_variables():
     if id(variable) not in owned:
       names[variable.op.name] = variable

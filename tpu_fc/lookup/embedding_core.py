@@ -9,16 +9,23 @@ rules (`tpu_fc.reference`, implemented with TF's sparse kernels in `sparse_updat
 
 Per table and step the engine de-duplicates the ids of all its features once, gathers
 those rows once, and applies one sparse update; no step reads a whole table.
+
+A table created partitioned (in a parameter-server cluster the driver creates
+every table in row-wise `div` parts, one per ps task) is gathered with
+`embedding_lookup` and updated part by part on the device holding the part.
 """
 import collections
 
 from absl import logging
+import numpy as np
 
 from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
+from tpu_fc.lookup import context as lookup_context
 from tpu_fc.lookup import sparse_update
 
 SEQUENCE_LENGTH_SUFFIX = '_seq_length_'
+VARIABLE_PREFIX = 'tpu_embedding'
 DUMMY_VARIABLE_COLLECTION = 'tpu_embedding_dummy_table_variables'
 DUMMY_VARIABLE_PREFIX = 'tpu_embedding_dummy_table_variable_'
 # Where the columns record the variable scope they were used in (TF's own name).
@@ -96,6 +103,25 @@ def _check_divisible(name, value, num_shards):
        'shards; batch size:'.format(name, num_shards), batch])
 
 
+def _gather(table, ids):
+  """Rows `ids` of a table, partitioned (div layout) or not."""
+  parts = sparse_update.table_parts(table)
+  if len(parts) == 1:
+    return tf.gather(parts[0], ids)
+  return tf.compat.v1.nn.embedding_lookup(parts, ids, partition_strategy='div')
+
+
+def _split_div(parts, ids, gradients):
+  """[(part, ids within the part, their gradients)] under the `div` layout."""
+  ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
+  starts = np.concatenate([[0], ends[:-1]])
+  owner = tf.searchsorted(tf.constant(ends), ids, side='right')
+  split_ids = tf.dynamic_partition(ids, owner, len(parts))
+  split_gradients = tf.dynamic_partition(gradients, owner, len(parts))
+  return [(part, split_ids[i] - starts[i], split_gradients[i])
+          for i, part in enumerate(parts)]
+
+
 class _Lookup(collections.namedtuple(
     '_Lookup', ['feature', 'rows', 'values', 'weights', 'positions', 'batch',
                 'lengths'])):
@@ -119,7 +145,7 @@ class HostEmbeddingEngine:
   """
 
   def __init__(self, layout, optimization_parameters,
-               gradient_multiplier_fn=None, variable_prefix='tpu_embedding'):
+               gradient_multiplier_fn=None, variable_prefix=VARIABLE_PREFIX):
     self.layout = layout
     self.optimization_parameters = optimization_parameters
     self.gradient_multiplier_fn = gradient_multiplier_fn
@@ -227,7 +253,7 @@ class HostEmbeddingEngine:
     self._batch = parsed[0].ids.dense_shape[0]
     unique_ids, rows = tf.unique(all_ids, out_idx=tf.int64)
     with tf.control_dependencies([self._step]):
-      gathered = tf.gather(self.tables[table.name], unique_ids)
+      gathered = _gather(self.tables[table.name], unique_ids)
     self._unique_ids[table.name] = unique_ids
     self._gathered[table.name] = gathered
     lookups, start = [], 0
@@ -398,9 +424,26 @@ class HostEmbeddingEngine:
     return tf.group(*updates, name='tpu_embedding_update')
 
   def _apply(self, table, unique_ids, row_gradients, learning_rate):
-    return sparse_update.apply_sparse_update(
-        self.table_parameters(table), self.tables[table.name],
-        self.slots[table.name], unique_ids, row_gradients, learning_rate)
+    """The table's update, part by part on each part's device (one part unsplit)."""
+    parameters = self.table_parameters(table)
+    parts = sparse_update.table_parts(self.tables[table.name])
+    slot_parts = {name: sparse_update.table_parts(slot)
+                  for name, slot in self.slots[table.name].items()}
+
+    def update(part, index, gradient):
+      slots = {name: slot[index] for name, slot in slot_parts.items()}
+      return lookup_context.apply_rows(
+          part, gradient, lambda g: sparse_update.apply_sparse_update(
+              parameters, part, slots, g.indices, g.values, learning_rate))
+
+    if len(parts) == 1:
+      return update(parts[0], 0, tf.IndexedSlices(row_gradients, unique_ids))
+    updates = []
+    for index, (part, ids, gradients) in enumerate(
+        _split_div(parts, unique_ids, row_gradients)):
+      with tf.device(part.device):
+        updates.append(update(part, index, tf.IndexedSlices(gradients, ids)))
+    return tf.group(*updates)
 
   def _pending(self, table):
     """The queue holding a table's parked update (pipelined execution)."""
@@ -448,13 +491,18 @@ class HostEmbeddingEngine:
     return tf.concat(per_shard, axis=0)
 
   def _learning_rate(self, table):
-    """Legacy precedence: table rate if truthy, else learning_rate_fn, else optimizer."""
-    if table.learning_rate:
-      rate = table.learning_rate
-    elif table.learning_rate_fn is not None:
-      rate = table.learning_rate_fn(self._step)
-    else:
-      rate = self.table_parameters(table).learning_rate
-      if callable(rate):
-        rate = rate()
-    return tf.cast(rate, tf.float32)
+    """Legacy precedence: table rate if truthy, else learning_rate_fn, else optimizer.
+
+    Built free of the control dependencies around the update: it reads only the
+    step, and the chief of synchronous training computes it in its own run.
+    """
+    with tf.control_dependencies(None):
+      if table.learning_rate:
+        rate = table.learning_rate
+      elif table.learning_rate_fn is not None:
+        rate = table.learning_rate_fn(self._step)
+      else:
+        rate = self.table_parameters(table).learning_rate
+        if callable(rate):
+          rate = rate()
+      return tf.cast(rate, tf.float32)

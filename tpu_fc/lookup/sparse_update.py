@@ -28,13 +28,37 @@ Where a kernel departs from the reference it is not used:
   < 0`, and such configurations always use the gathered formulas.
 """
 import collections
+import re
 
 import numpy as np
+from tensorflow.python.ops import variables as variables_lib
 
 from tpu_fc import optimizers
 from tpu_fc._tf import tf
 
 _F32 = np.float32
+
+
+def table_parts(table_variable):
+  """The row-wise parts of a partitioned table (div layout), else [the table]."""
+  if isinstance(table_variable, variables_lib.PartitionedVariable):
+    return list(table_variable)
+  return [table_variable]
+
+
+# The op names of part N of a partitioned variable and its ops.
+PART_NAME = re.compile(r'/part_(\d+)(?:/|$)')
+
+
+def _on_devices_of(parts):
+  """Device function: ops of `.../part_N` on the device of `parts[N]`."""
+  devices = [part.device for part in parts]
+
+  def device(op):
+    match = PART_NAME.search(op.name)
+    return devices[int(match.group(1))] if match else op.device
+
+  return device
 
 
 def create_slot_variables(parameters, table_variable, name_prefix):
@@ -43,18 +67,26 @@ def create_slot_variables(parameters, table_variable, name_prefix):
   Non-trainable resource variables in GLOBAL_VARIABLES only, so that an
   optimizer over TRAINABLE_VARIABLES never sees them; named
   `name_prefix/slot_name` under the current variable scope and placed on the
-  table's device, since every update reads them alongside the table.
+  table's device, since every update reads them alongside the table.  The slots
+  of a partitioned table are partitioned alike, each part beside its table part.
   """
   initial_values = optimizers.as_tpu_fc_parameters(
       parameters).slot_initial_values()
+  parts = table_parts(table_variable)
+  partitioner = None
+  if isinstance(table_variable, variables_lib.PartitionedVariable):
+    device = _on_devices_of(parts)
+    partitioner = tf.compat.v1.fixed_size_partitioner(len(parts))
+  else:
+    device = table_variable.device
   slots = {}
-  with tf.device(table_variable.device):
+  with tf.compat.v1.device(device):
     for slot_name, value in initial_values.items():
       slots[slot_name] = tf.compat.v1.get_variable(
           '{}/{}'.format(name_prefix, slot_name),
           shape=table_variable.shape, dtype=tf.float32,
           initializer=tf.compat.v1.constant_initializer(value),
-          trainable=False, use_resource=True,
+          trainable=False, use_resource=True, partitioner=partitioner,
           collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
   return slots
 

@@ -1,0 +1,277 @@
+"""Training on TF's distributed runtime: 2 ps tasks, a chief and a worker on loopback.
+
+The job is `tests/scripts/cluster_model.py`, started by `tpu_fc.cluster.LocalCluster`
+(what `tpu-fc cluster` runs).  Its inputs are a function of the global step and
+the replica, so the synchronous job must equal a single host with the same
+global batch, also across a killed and restarted worker and a killed ps task
+(the job stops, and resumes from its last checkpoint when run again).  A single
+host also restores the cluster's checkpoints.  The asynchronous default runs
+in-process, the tasks' roles given by explicit `ClusterResolver`s.
+"""
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tpu_fc
+from tpu_fc import cluster
+from tpu_fc.estimator import distributed
+import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'scripts'))
+import cluster_model  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+SCRIPT = os.path.join(os.path.dirname(__file__), 'scripts', 'cluster_model.py')
+TIMEOUT_SECS = 150
+TOL = dict(rtol=1e-5, atol=1e-5)
+REPLICAS = 2  # the chief and one worker
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+
+
+def run_job(tmp_path, name, model_dir, *args, kill_ps_after_step=None):
+  """Runs the job on 2 ps + chief + 1 worker; returns its ClusterResult.
+
+  With `kill_ps_after_step`, kills ps task 1 once a checkpoint past that step
+  exists, and returns the ClusterError the job stops with instead.
+  """
+  job = cluster.LocalCluster(
+      SCRIPT, ['--model_dir', str(model_dir)] + list(args), num_ps=2,
+      num_workers=1, log_dir=str(tmp_path / ('logs_' + name)),
+      timeout=TIMEOUT_SECS)
+  with job:
+    if kill_ps_after_step is None:
+      return job.wait()
+    _wait_for_checkpoint_after(model_dir, kill_ps_after_step, job)
+    job.kill('ps', 1)
+    with pytest.raises(cluster.ClusterError) as error:
+      job.wait()
+  for task in job._tasks:  # pylint: disable=protected-access
+    assert task.process is None  # every process stopped
+  return error.value
+
+
+def _wait_for_checkpoint_after(model_dir, step, job):
+  deadline = time.monotonic() + TIMEOUT_SECS
+  while _checkpoint_step(model_dir) <= step:
+    chief = job.task('chief', 0).process
+    assert chief.poll() is None, 'the chief ended before a checkpoint'
+    assert time.monotonic() < deadline, 'no checkpoint after step %d' % step
+    time.sleep(0.1)
+
+
+def _checkpoint_step(model_dir):
+  checkpoint = tf.train.latest_checkpoint(str(model_dir))
+  return int(checkpoint.rsplit('-', 1)[1]) if checkpoint else -1
+
+
+def checkpoint_values(model_dir):
+  return {name: tf.train.load_variable(str(model_dir), name)
+          for name, _ in tf.train.list_variables(str(model_dir))}
+
+
+def single_host(model_dir, use_tpu, max_steps):
+  """The reference: one host, the global batch of all replicas."""
+  cluster_model.estimator(
+      str(model_dir), use_tpu, batch_size=REPLICAS * cluster_model.BATCH).train(
+          cluster_model.input_fn, max_steps=max_steps)
+  return checkpoint_values(model_dir)
+
+
+def assert_same_variables(got, want):
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_allclose(got[name], value, err_msg=name, **TOL)
+
+
+def assert_tables_on_every_ps(model_dir):
+  """Every table (and its slots) has one part on each ps task, part N on ps N."""
+  with open(os.path.join(model_dir, 'devices.json')) as f:
+    devices = json.load(f)
+  parts = {name: device for name, device in devices.items() if '/part_' in name}
+  tables = {name.rsplit('/part_', 1)[0] for name in parts}
+  assert tables, devices
+  for table in tables:
+    assert [parts['{}/part_{}'.format(table, n)] for n in range(2)] == [
+        '/job:ps/task:0', '/job:ps/task:1'], table
+
+
+def assert_loss_falls(model_dir):
+  with open(os.path.join(model_dir, 'losses.json')) as f:
+    losses = json.load(f)
+  assert np.mean(losses[-2:]) < np.mean(losses[:2]), losses
+
+
+def assert_restores_on_one_host(cluster_dir, reference_dir, use_tpu, tmp_path,
+                                steps):
+  """One host continues the cluster's checkpoint exactly as its own."""
+  continued = {}
+  for name, model_dir in (('cluster', cluster_dir), ('one_host', reference_dir)):
+    copy = tmp_path / ('continued_' + name)
+    shutil.copytree(model_dir, copy)
+    continued[name] = single_host(copy, use_tpu,
+                                  _checkpoint_step(model_dir) + steps)
+  assert_same_variables(continued['cluster'], continued['one_host'])
+
+
+def test_sync_emulated_core_equals_one_host_across_a_worker_restart(tmp_path):
+  """use_tpu=True: the engine's partitioned table, updated on the ps owning the rows."""
+  model_dir = tmp_path / 'cluster'
+  result = run_job(tmp_path, 'sync', model_dir, '--use_tpu', '--sync',
+                   '--max_steps', '6', '--die_at_step', '3')
+  assert result.restarts[('worker', 0)] == 1
+  reference = single_host(tmp_path / 'one_host', True, 6)
+  got = checkpoint_values(model_dir)
+  assert 'dense_features/ids_embedding/embedding_weights/Adagrad' in got
+  assert_same_variables(got, reference)
+  assert_tables_on_every_ps(model_dir)
+  assert_loss_falls(model_dir)
+  assert_restores_on_one_host(model_dir, tmp_path / 'one_host', True, tmp_path,
+                              steps=2)
+
+
+def test_ps_failure_stops_the_job_and_a_rerun_resumes_exactly(tmp_path):
+  """use_tpu=False: the feature column's table, partitioned through the scope."""
+  model_dir = tmp_path / 'cluster'
+  error = run_job(tmp_path, 'killed', model_dir, '--sync', '--max_steps',
+                  '100000', kill_ps_after_step=2)
+  assert 'ps task 1 was killed by SIGKILL; stopping the job' in str(error)
+  assert 'resume from the last one' in str(error)
+  last = _checkpoint_step(model_dir)
+  run_job(tmp_path, 'resumed', model_dir, '--sync', '--max_steps',
+          str(last + 4))
+  with open(os.path.join(tmp_path, 'logs_resumed', 'chief-0.log')) as f:
+    assert 'Restoring parameters from {}'.format(
+        os.path.join(model_dir, 'model.ckpt-{}'.format(last))) in f.read()
+  reference = single_host(tmp_path / 'one_host', False, last + 4)
+  assert_same_variables(checkpoint_values(model_dir), reference)
+  assert_tables_on_every_ps(model_dir)
+  assert_restores_on_one_host(model_dir, tmp_path / 'one_host', False,
+                              tmp_path, steps=2)
+
+
+def _resolver(spec, job, index):
+  return tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(spec), task_type=job, task_id=index)
+
+
+def test_async_training_in_process_with_explicit_cluster(tmp_path):
+  """The default: chief and worker apply their own steps to the ps variables."""
+  spec = cluster.cluster_spec(num_ps=2, num_workers=1)
+  configs = {
+      (job, index): tpu_fc.RunConfig(
+          cluster=_resolver(spec, job, index), model_dir=str(tmp_path),
+          save_checkpoints_steps=2, log_step_count_steps=None)
+      for job, index in (('ps', 0), ('ps', 1), ('chief', 0), ('worker', 0))}
+  assert configs[('chief', 0)].is_chief
+  assert configs[('worker', 0)].master == 'grpc://' + spec['worker'][0]
+  for job, index in (('ps', 0), ('ps', 1)):
+    distributed.server(configs[(job, index)])
+  errors = []
+
+  def train(job):
+    try:
+      tpu_fc.TPUEstimator(
+          cluster_model.model_fn, use_tpu=False,
+          train_batch_size=cluster_model.BATCH, config=configs[(job, 0)],
+          embedding_config_spec=cluster_model.spec()).train(
+              cluster_model.input_fn,
+              hooks=[cluster_model.RecordHook(str(tmp_path))] if job == 'chief'
+              else [], max_steps=8)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=train, args=(job,), daemon=True)
+             for job in ('chief', 'worker')]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(TIMEOUT_SECS)
+  assert not errors and not any(t.is_alive() for t in threads), errors
+  assert_tables_on_every_ps(tmp_path)
+  trained = checkpoint_values(tmp_path)
+  assert trained['global_step'] >= 8
+  table = trained['dense_features/ids_embedding/embedding_weights']
+  start = cluster_model.row_initializer(table.shape).numpy()
+  assert table.shape == (cluster_model.VOCABULARY, cluster_model.DIMENSION)
+  assert not np.allclose(table, start)
+  evaluation = tpu_fc.TPUEstimator(
+      cluster_model.model_fn, use_tpu=False, eval_batch_size=8,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+      embedding_config_spec=cluster_model.spec()).evaluate(
+          cluster_model.input_fn, steps=1)
+  assert evaluation['global_step'] == trained['global_step']
+
+
+CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
+           'worker': ['host3:2222', 'host4:2222']}
+
+
+@pytest.mark.parametrize('tf_config', [
+    {'cluster': CLUSTER, 'task': {'type': 'chief', 'index': 0}},
+    {'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 1}},
+    {'cluster': CLUSTER, 'task': {'type': 'ps', 'index': 1}},
+    {'cluster': CLUSTER, 'task': {'type': 'evaluator', 'index': 0}},
+    {'cluster': {'master': ['h:1'], 'ps': ['h:2']},
+     'task': {'type': 'master', 'index': 0}},
+    {'cluster': {'chief': ['h:1']}, 'task': {'type': 'chief', 'index': 0}},
+    {'task': {'type': 'worker', 'index': 0}, 'session_master': 'grpc://x:1'},
+    {'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 2}},
+    {'cluster': CLUSTER, 'task': {'type': 'worker'}},
+    {'cluster': {'ps': ['h:2']}, 'task': {'type': 'ps', 'index': 0}},
+    {'task': {'type': 'ps', 'index': 0}},
+])
+def test_run_config_reads_tf_config_as_tf_2_15(monkeypatch, tf_config):
+  tfe = pytest.importorskip('tensorflow_estimator')
+  del tfe
+  monkeypatch.setenv('TF_CONFIG', json.dumps(tf_config))
+  fields = ('task_type', 'task_id', 'is_chief', 'master', 'evaluation_master',
+            'num_ps_replicas', 'num_worker_replicas', 'global_id_in_cluster')
+
+  def read(run_config_class):
+    try:
+      config = run_config_class()
+    except ValueError as e:
+      return 'ValueError', str(e)
+    return ({f: getattr(config, f) for f in fields},
+            config.cluster_spec.as_dict())
+
+  assert read(tpu_fc.RunConfig) == read(tf.compat.v1.estimator.tpu.RunConfig)
+
+
+def test_run_config_of_a_ps_cluster_filters_devices_as_estimator(monkeypatch):
+  monkeypatch.setenv('TF_CONFIG', json.dumps(
+      {'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 1}}))
+  config = tpu_fc.RunConfig()
+  assert list(config.session_config.device_filters) == [
+      '/job:ps', '/job:worker/task:1']
+  assert config.global_id_in_cluster == 2  # chief 0, workers 1 and 2, ps last
+  assert config.num_worker_replicas == 3 and config.num_ps_replicas == 2
+  assert not config.sync_replicas
+  assert config.replace(sync_replicas=True).sync_replicas
+
+
+def test_cluster_command_line(tmp_path):
+  """`tpu-fc cluster` parses its options and the script's arguments after `--`."""
+  from tpu_fc import __main__ as cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(SystemExit, match='--ps >= 1, got 0'):
+    cli.main(['cluster', '--ps', '0', '--workers', '1', '--log_dir',
+              str(tmp_path), '--', SCRIPT, '--model_dir', str(tmp_path)])
+
+
+def test_launcher_stops_every_process_at_its_timeout(tmp_path):
+  """A job that never finishes is stopped at the timeout, processes and all."""
+  script = tmp_path / 'hang.py'
+  script.write_text('import time\nwhile True:\n  time.sleep(1)\n')
+  job = cluster.LocalCluster(str(script), num_ps=1, num_workers=1,
+                             log_dir=str(tmp_path / 'logs'), timeout=2)
+  started = time.monotonic()
+  with pytest.raises(cluster.ClusterError, match='did not finish within 2'):
+    job.run()
+  assert time.monotonic() - started < 60
+  assert all(task.process is None for task in job._tasks)  # pylint: disable=protected-access

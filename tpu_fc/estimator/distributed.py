@@ -1,0 +1,388 @@
+"""Between-graph replication on TF's distributed runtime: ps tasks and workers.
+
+What Estimator did with `TF_CONFIG`, for the driver: every task starts one
+`tf.distribute.Server`; ps tasks join it; the chief and the workers each build
+the whole graph with `replica_device_setter`, so variables live on the ps tasks
+and ops on the task itself, and train in a `MonitoredTrainingSession` on their
+own server.  tpu_fc adds:
+
+* **Partitioned tables.**  Every embedding table of the spec (the host engine's
+  and, with use_tpu=False, the feature columns') is split row-wise into one part
+  per ps task with `fixed_size_partitioner`: the legacy `div` layout and the
+  `<table>/part_N` variables TPUEstimator created, part N (and its optimizer
+  slots) on ps N, so each ps applies the updates of its own rows.  Checkpoints
+  hold each table as one variable saved in slices: they restore on one host.
+* **Synchronous training** (`RunConfig(sync_replicas=True)`):
+  `SyncReplicasOptimizer` semantics for the model optimizer and the embedding
+  engine alike (see `SyncReplicas`).
+"""
+import contextlib
+import threading
+import time
+
+from absl import logging
+
+from tensorflow.python.ops import variable_scope
+from tensorflow.python.training import optimizer as optimizer_lib
+
+from tpu_fc._tf import tf
+from tpu_fc.lookup import context as lookup_context
+from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import sparse_update
+
+_servers = {}
+_servers_lock = threading.Lock()
+
+
+def is_parameter_server_cluster(config):
+  """Whether this task trains in a ps cluster (an evaluator does not)."""
+  return config.num_ps_replicas > 0
+
+
+def server(config):
+  """This task's `tf.distribute.Server`, started on first use (one per process)."""
+  key = (config.task_type, config.task_id,
+         repr(sorted(config.cluster_spec.as_dict().items())))
+  with _servers_lock:
+    if key not in _servers:
+      logging.info('Starting the TensorFlow server of %s task %d.',
+                   config.task_type, config.task_id)
+      _servers[key] = tf.distribute.Server(
+          config.cluster_spec, job_name=config.task_type,
+          task_index=config.task_id, protocol=config.protocol,
+          config=tf.compat.v1.ConfigProto(log_device_placement=False),
+          start=True)
+    return _servers[key]
+
+
+def join(config):
+  """Serves this ps task's variables until the process is stopped."""
+  logging.info('ps task %d serves variables at %s.', config.task_id,
+               server(config).target)
+  server(config).join()
+
+
+def wait_for_chief(config, poll_secs=0.5):
+  """On a worker, returns once the chief has initialized (or restored) the model.
+
+  `MonitoredTrainingSession` would check every 30 seconds; polling here lets a
+  worker start (or rejoin) as soon as the variables are ready.  Gives up at
+  `session_creation_timeout_secs`, leaving the error to the session.
+  """
+  uninitialized = tf.compat.v1.report_uninitialized_variables(
+      tf.compat.v1.global_variables())
+  deadline = time.monotonic() + config.session_creation_timeout_secs
+  with tf.compat.v1.Session(config.master, config=config.session_config) as session:
+    while session.run(uninitialized).size and time.monotonic() < deadline:
+      time.sleep(poll_secs)
+
+
+class _PartsOnTheirPs:
+  """ps strategy: part N of a partitioned variable on ps N, others round robin.
+
+  Tables and their slots are partitioned alike, so a table's rows and their
+  optimizer state always share a ps task.
+  """
+
+  def __init__(self, num_tasks):
+    self._num_tasks = num_tasks
+    self._next_task = 0
+
+  def __call__(self, op):
+    part = sparse_update.PART_NAME.search(op.name)
+    if part:
+      return int(part.group(1)) % self._num_tasks
+    task = self._next_task
+    self._next_task = (self._next_task + 1) % self._num_tasks
+    return task
+
+
+def device_fn(config):
+  """`config.device_fn`, else Estimator's replica device setter (None if local)."""
+  if config.device_fn is not None:
+    return config.device_fn
+  if not is_parameter_server_cluster(config):
+    return None
+  return tf.compat.v1.train.replica_device_setter(
+      ps_tasks=config.num_ps_replicas,
+      worker_device='/job:{}/task:{}'.format(config.task_type, config.task_id),
+      merge_devices=True, cluster=config.cluster_spec,
+      ps_strategy=_PartsOnTheirPs(config.num_ps_replicas))
+
+
+def _table_initializers(layout):
+  """`{variable name or pattern: initializer}` of the spec's embedding tables.
+
+  Keys: the host engine's tables (`tpu_embedding/<table>`), and the tables the
+  feature columns create on the CPU path, `<column>/embedding_weights` under any
+  scope, or a shared collection's name.
+  """
+  by_name = {'{}/{}'.format(embedding_core.VARIABLE_PREFIX, table.name):
+             table.initializer for table in layout.tables}
+  by_column, by_collection = {}, {}
+  for feature in layout.features:
+    column = feature.column
+    if column is None:
+      continue
+    initializer = layout.table(feature.table).initializer
+    var_name = column.get_embedding_var_name()
+    if var_name == column.categorical_column.name:
+      by_column[column.name] = initializer
+    else:
+      by_collection[var_name] = initializer
+
+  def initializer_of(name):
+    """The table's initializer if `name` is one of the spec's tables, else None."""
+    parts = name.split('/')
+    if name in by_name:
+      return by_name[name]
+    if parts[-1] in by_collection:
+      return by_collection[parts[-1]]
+    if parts[-1] == 'embedding_weights' and len(parts) > 1:
+      return by_column.get(parts[-2])
+    return None
+
+  return initializer_of
+
+
+@contextlib.contextmanager
+def partitioned_tables(embedding_config_spec, num_parts):
+  """Creates the spec's tables inside as `num_parts` row-wise parts (div layout).
+
+  Only the tables are split; a table the model_fn already partitions keeps its
+  partitioner.  Tables made with `get_variable` (the host engine, `input_layer`,
+  shared columns) get the partitioner through a custom getter on the root
+  variable scope, as Estimator users put one on their scope; those of Keras's
+  `DenseFeatures`, which bypasses variable scopes, through a variable creator
+  that builds them with `get_variable` instead.
+  """
+  if embedding_config_spec is None or num_parts < 1:
+    yield
+    return
+  initializer_of = _table_initializers(embedding_config_spec.embedding_layout())
+  partitioner = tf.compat.v1.fixed_size_partitioner(num_parts)
+  graph = tf.compat.v1.get_default_graph()
+
+  def partitioning_getter(getter, name, *args, **kwargs):
+    if initializer_of(name) is not None and kwargs.get('partitioner') is None:
+      kwargs['partitioner'] = partitioner
+    return getter(name, *args, **kwargs)
+
+  def partitioning_creator(next_creator, **kwargs):
+    name = '/'.join(part for part in (graph.get_name_scope(),
+                                      kwargs.get('name')) if part)
+    initializer = initializer_of(name) if kwargs.get('name') else None
+    if initializer is None:
+      return next_creator(**kwargs)
+    with graph.name_scope(None):
+      return variable_scope._get_default_variable_store().get_variable(  # pylint: disable=protected-access
+          name, shape=kwargs['shape'], dtype=kwargs.get('dtype'),
+          initializer=initializer, trainable=kwargs.get('trainable', True),
+          partitioner=partitioner, use_resource=True)
+
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                   custom_getter=partitioning_getter), \
+      tf.compat.v1.variable_creator_scope(partitioning_creator):
+    yield
+
+
+def input_context(config):
+  """The `tf.distribute.InputContext` of this task's input pipeline."""
+  return tf.distribute.InputContext(
+      num_input_pipelines=config.num_worker_replicas,
+      input_pipeline_id=config.global_id_in_cluster,
+      num_replicas_in_sync=(config.num_worker_replicas
+                            if config.sync_replicas else 1))
+
+
+class SyncReplicas:
+  """`SyncReplicasOptimizer` semantics for a whole training step.
+
+  While the model is built, every `tf.compat.v1.train.Optimizer.apply_gradients`
+  and every embedding-engine table update hands its gradients here instead of
+  applying them.  Each task's train op then adds its gradients, tagged with the
+  step they were computed at, to accumulators on the ps holding the variable
+  (stale ones are dropped), and waits for a token.  On the chief, a thread runs
+  the sync op: take the average of `replicas` gradients from every accumulator,
+  apply them with the original update (the engine's tables first, whose learning
+  rate reads the step), increment the global step once, and release one token
+  per replica.  Unlike TF's `SyncReplicasOptimizer`, whose sparse accumulators
+  average each row over the replicas that touched it, sparse gradients are
+  summed and divided by `replicas`: the gradient of the global batch, so a step
+  equals a single-host step over the union of the replicas' batches.
+  """
+
+  def __init__(self, replicas):
+    self._replicas = replicas
+    self._updates = {}  # variables -> (accumulate op, update op); last wins
+    self._increments_global_step = False
+    self._accumulators = []
+    self._local_step = None
+
+  def _create_local_step(self):
+    """The step this task's gradients are computed at; a local variable on the task."""
+    with tf.compat.v1.colocate_with(tf.no_op(name='sync_rep_local_anchor')):
+      self._local_step = tf.compat.v1.Variable(
+          0, dtype=tf.int64, trainable=False, use_resource=True,
+          name='sync_rep_local_step',
+          collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+  def _aggregated(self, gradient, variable):
+    """(accumulate op, average gradient): the gradient through `variable`'s accumulator."""
+    shared_name = variable.op.name + '/grad_accum'
+    sparse = isinstance(gradient, tf.IndexedSlices)
+    with tf.device(variable.device):
+      with _chief_side():  # the accumulator and what the chief takes from it
+        if sparse:
+          accumulator = tf.compat.v1.SparseConditionalAccumulator(
+              gradient.dtype, shape=variable.shape, shared_name=shared_name,
+              reduction_type='SUM')
+          taken = accumulator.take_indexed_slices_grad(self._replicas)
+          # A row may come back more than once (after the first take): summed.
+          rows, positions = tf.unique(taken.indices, out_idx=tf.int64)
+          total = tf.math.unsorted_segment_sum(taken.values, positions,
+                                               tf.size(rows, out_type=tf.int64))
+          average = tf.IndexedSlices(
+              total / tf.cast(self._replicas, total.dtype), rows,
+              taken.dense_shape)
+        else:
+          accumulator = tf.compat.v1.ConditionalAccumulator(
+              gradient.dtype, shape=variable.shape, shared_name=shared_name)
+          average = accumulator.take_grad(self._replicas)
+      if sparse:
+        accumulate = accumulator.apply_indexed_slices_grad(
+            tf.IndexedSlices(gradient.values,
+                             tf.cast(gradient.indices, tf.int64),
+                             tf.constant(variable.shape.as_list(), tf.int64)),
+            local_step=self._local_step)
+      else:
+        accumulate = accumulator.apply_grad(gradient,
+                                            local_step=self._local_step)
+    self._accumulators.append((accumulator, variable.device))
+    return accumulate, average
+
+  def aggregate_rows(self, variable, gradient, apply):
+    """The engine's hook (`lookup_context.aggregating`): a table part's update."""
+    accumulate, average = self._aggregated(gradient, variable)
+    with _chief_side():
+      self._updates[('engine', variable.op.name)] = (accumulate, apply(average))
+    return accumulate
+
+  def _apply_gradients(self, original, optimizer, grads_and_vars,
+                       global_step=None, name=None):
+    """`Optimizer.apply_gradients` while building: accumulate, update on the chief."""
+    pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+    accumulates, averages = [], []
+    for gradient, variable in pairs:
+      accumulate, average = self._aggregated(gradient, variable)
+      accumulates.append(accumulate)
+      averages.append((average, variable))
+    with _chief_side():
+      update = original(optimizer, averages, None, name)
+    self._increments_global_step |= global_step is not None
+    key = ('model', tuple(v.op.name for _, v in pairs))
+    self._updates[key] = (tf.group(*accumulates), update)
+    return self._updates[key][0]
+
+  @contextlib.contextmanager
+  def building(self):
+    """Routes the model's and the engine's updates here while the model is built."""
+    original = optimizer_lib.Optimizer.apply_gradients
+
+    def apply_gradients(optimizer, grads_and_vars, global_step=None,
+                        name=None):
+      return self._apply_gradients(original, optimizer, list(grads_and_vars),
+                                   global_step, name)
+
+    self._create_local_step()  # before any model variable: shards replay those
+    optimizer_lib.Optimizer.apply_gradients = apply_gradients
+    try:
+      with lookup_context.aggregating(self.aggregate_rows):
+        yield
+    finally:
+      optimizer_lib.Optimizer.apply_gradients = original
+
+  def train_op(self, train_op, global_step, is_chief):
+    """The task's train op, and the hook that runs the chief's side; call after building."""
+    if not any(key[0] == 'model' for key in self._updates):
+      raise ValueError(
+          'sync_replicas needs the model_fn to train with a '
+          'tf.compat.v1.train.Optimizer (its apply_gradients is what is '
+          'synchronized); none was called.')
+    accumulates = [accumulate for accumulate, _ in self._updates.values()]
+    engine = [u for key, (_, u) in self._updates.items() if key[0] == 'engine']
+    model = [u for key, (_, u) in self._updates.items() if key[0] == 'model']
+    graph = tf.compat.v1.get_default_graph()
+    with tf.device(global_step.device), graph.name_scope(None):
+      tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
+                                  shared_name='sync_token_q')
+      with tf.control_dependencies([train_op] + accumulates):
+        token = tokens.dequeue()
+      worker_train_op = self._local_step.assign(token).op
+      with tf.control_dependencies(engine):
+        update = tf.group(*model)
+      if self._increments_global_step:
+        with tf.control_dependencies([update]):
+          update = global_step.assign_add(1).op
+      with tf.control_dependencies([update]):
+        sync_op = tokens.enqueue_many(
+            (tf.fill([self._replicas], global_step.read_value()),))
+    local_init = self._local_step.assign(global_step.read_value()).op
+    chief_init = tf.group(
+        [local_init] + [_set_global_step(accumulator, device, global_step)
+                        for accumulator, device in self._accumulators])
+    return worker_train_op, _SyncReplicasHook(sync_op, local_init, chief_init,
+                                              is_chief)
+
+
+def _chief_side():
+  """Where accumulators and the chief's updates are built: free of control deps.
+
+  (A table update is built after the model's train op, under its control;
+  the sync op must not run a task's step.)
+  """
+  return tf.control_dependencies(None)
+
+
+def _set_global_step(accumulator, device, global_step):
+  with tf.device(device):
+    return accumulator.set_global_step(global_step.read_value())
+
+
+class _SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
+  """Starts each task's local step at the global step; on the chief, runs the sync op.
+
+  The chief's sync op runs in a thread for the life of the session; the
+  session's close cancels its last (blocked) run.
+  """
+
+  def __init__(self, sync_op, local_init, chief_init, is_chief):
+    self._sync_op = sync_op
+    self._local_init = local_init
+    self._chief_init = chief_init
+    self._is_chief = is_chief
+    self._stop = threading.Event()
+
+  def after_create_session(self, session, coord):
+    del coord
+    if not self._is_chief:
+      session.run(self._local_init)
+      return
+    session.run(self._chief_init)
+    self._stop.clear()
+    threading.Thread(target=self._run_sync_op, args=(session,),
+                     daemon=True).start()
+
+  def _run_sync_op(self, session):
+    while not self._stop.is_set():
+      try:
+        session.run(self._sync_op)
+      except (tf.errors.CancelledError, tf.errors.AbortedError,
+              tf.errors.UnavailableError, RuntimeError) as error:
+        if not self._stop.is_set():
+          logging.warning('Synchronous update stopped: %s', error)
+        return
+
+  def end(self, session):
+    del session
+    self._stop.set()
