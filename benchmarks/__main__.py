@@ -39,6 +39,12 @@ def parse_args(argv):
   parser.add_argument('--warmup-steps', type=int)
   parser.add_argument('--steps-per-rep', type=int)
   parser.add_argument('--reps', type=int)
+  parser.add_argument('--max-warmup-seconds', type=float,
+                      help='end warm-up after 3 runs once this long '
+                      '(default 15, quick 8)')
+  parser.add_argument('--max-rep-seconds', type=float,
+                      help='end a repetition after 1 run once this long '
+                      '(default 3, quick 1.5)')
   parser.add_argument('--threads', type=int, default=2,
                       help='intra- and inter-op threads of every path')
   return parser.parse_args(argv)

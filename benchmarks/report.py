@@ -132,11 +132,14 @@ def markdown(results, found):
         info['tensorflow'], info['executable']))
   out.append(
       '- every path: batch {}, {} threads (intra and inter op), warm-up {} '
-      'steps, then {} repetitions of {} steps, interleaved path by path; '
-      'examples/s is the median over repetitions, step times are per step '
-      '(a loop call divided by its steps)'.format(
+      'steps, then {} repetitions of {} steps, interleaved path by path (a '
+      'slow path ends warm-up after 3 calls once it took {:g} s, and a '
+      'repetition after whole calls once it took {:g} s); examples/s is the '
+      'median over repetitions, step times are per step (a loop call divided '
+      'by its steps)'.format(
           settings['batch_size'], settings['threads'], settings['warmup_steps'],
-          settings['reps'], settings['steps_per_rep']))
+          settings['reps'], settings['steps_per_rep'],
+          settings['max_warmup_seconds'], settings['max_rep_seconds']))
   out.append(
       '- iterations_per_loop = {} for every estimator path and the TF2 loops: '
       'the emulated TPU paths and the TF2 paths run that many steps per call '

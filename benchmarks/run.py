@@ -55,6 +55,8 @@ class Settings:
   warmup_steps: int
   steps_per_rep: int
   reps: int
+  max_warmup_seconds: float
+  max_rep_seconds: float
   threads: int
   learning_rate: float
   experiments: list          # [(Workload, paths)]
@@ -71,6 +73,8 @@ class Settings:
   def job(self, path, workload, **extra):
     job = dict(path=path, workload=dataclasses.asdict(workload),
                warmup_steps=self.warmup_steps, steps_per_rep=self.steps_per_rep,
+               max_warmup_seconds=self.max_warmup_seconds,
+               max_rep_seconds=self.max_rep_seconds,
                iterations_per_loop=self.iterations_per_loop,
                threads=self.threads, learning_rate=self.learning_rate)
     job.update(extra)
@@ -86,7 +90,9 @@ def plan(args):
       iterations_per_loop=5 if quick else 10,
       warmup_steps=10 if quick else 20,
       steps_per_rep=10 if quick else 20,
-      reps=5 if quick else 7)
+      reps=5 if quick else 7,
+      max_warmup_seconds=8 if quick else 15,
+      max_rep_seconds=1.5 if quick else 3)
   values = {name: getattr(args, name) if getattr(args, name) is not None else
             default for name, default in defaults.items()}
   base = workload_lib.Workload(
@@ -100,7 +106,8 @@ def plan(args):
                    (zipf64, CONTRAST_PATHS + ('mid_level',))]
   else:
     experiments = [
-        (zipf16, all_paths), (zipf64, all_paths),
+        (zipf16, all_paths),
+        (zipf64, tuple(p for p in all_paths if p != 'raw_no_mlp')),
         (dataclasses.replace(zipf16, distribution='uniform'), CONTRAST_PATHS),
         (dataclasses.replace(zipf16, ids_per_feature=4), CONTRAST_PATHS)]
   if args.dims:
@@ -206,6 +213,7 @@ def _summary(reps, batch_size):
   return {
       'examples_per_s': float(np.median(rates)),
       'examples_per_s_reps': rates,
+      'steps_per_rep': steps,
       'p50_step_ms': 1e3 * float(np.percentile(step_seconds, 50)),
       'p90_step_ms': 1e3 * float(np.percentile(step_seconds, 90)),
   }

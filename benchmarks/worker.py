@@ -41,17 +41,23 @@ class Controller(object):
   `after_run(steps)` is called after every call that trains `steps` steps (one
   session.run, or one call of an in-graph loop); it returns True when the path
   must stop.  A repetition's time runs from the command that starts it to the
-  end of its last run, so per-run framework overhead is included.
+  end of its last run, so per-run framework overhead is included.  Slow paths
+  end warm-up (after 3 runs) and repetitions (after 1 run) early, once they
+  have taken `max_warmup_seconds` / `max_rep_seconds`: rates stay exact, runs
+  stay bounded.
   """
 
-  def __init__(self, channel, warmup_steps, steps_per_rep):
+  def __init__(self, channel, job):
     self._channel = channel
-    self._warmup_steps = warmup_steps
-    self._steps_per_rep = steps_per_rep
+    self._warmup_steps = job['warmup_steps']
+    self._steps_per_rep = job['steps_per_rep']
+    self._max_warmup_seconds = job['max_warmup_seconds']
+    self._max_rep_seconds = job['max_rep_seconds']
     self._warming_up = True
     self._steps = 0
+    self._runs = 0
     self._step_seconds = []
-    self._last = None
+    self._start = self._last = time.perf_counter()
     self._rep_start = None
     self.steps_per_run = set()
 
@@ -59,15 +65,18 @@ class Controller(object):
     now = time.perf_counter()
     self.steps_per_run.add(steps)
     self._steps += steps
+    self._runs += 1
     if self._warming_up:
-      if self._steps < self._warmup_steps:
+      if (self._steps < self._warmup_steps and
+          (self._runs < 3 or now - self._start < self._max_warmup_seconds)):
         return False
       self._warming_up = False
       self._channel.send(event='ready', warmup_steps=self._steps)
       return self._next_command()
     self._step_seconds.extend([(now - self._last) / steps] * steps)
     self._last = now
-    if self._steps < self._steps_per_rep:
+    if (self._steps < self._steps_per_rep and
+        now - self._rep_start < self._max_rep_seconds):
       return False
     self._channel.send(event='rep', seconds=now - self._rep_start,
                        steps=self._steps, step_seconds=self._step_seconds)
@@ -99,7 +108,7 @@ def main():
     from benchmarks import serving
     result = serving.measure(job, channel)
   else:
-    controller = Controller(channel, job['warmup_steps'], job['steps_per_rep'])
+    controller = Controller(channel, job)
     result = paths.run(job, workload, controller) or {}
     result['steps_per_run'] = sorted(controller.steps_per_run)
   result['peak_rss_bytes'] = peak_rss_bytes()
