@@ -552,6 +552,25 @@ def test_constructor_errors(kwargs, error, message, tmp_path):
   assert message in str(info.value)
 
 
+@pytest.mark.parametrize('user_setting', [None, 'ON'])
+def test_table_copy_rewrite_is_off_unless_the_user_set_it(user_setting):
+  """Grappler's arithmetic optimizer copies whole tables per step (see config)."""
+  session_config = None
+  if user_setting:
+    session_config = tf.compat.v1.ConfigProto(log_device_placement=True)
+    session_config.graph_options.rewrite_options.arithmetic_optimization = (
+        session_config.graph_options.rewrite_options.ON)
+  est = TPUEstimator(_model_fn, config=RunConfig(session_config=session_config),
+                     use_tpu=False)
+  rewrite_options = est.config.session_config.graph_options.rewrite_options
+  expected = rewrite_options.ON if user_setting else rewrite_options.OFF
+  assert rewrite_options.arithmetic_optimization == expected
+  assert est.config.session_config.log_device_placement == bool(user_setting)
+  if session_config is not None:  # the user's object is not changed
+    assert session_config.graph_options.rewrite_options.arithmetic_optimization == (
+        rewrite_options.ON)
+
+
 def test_constructor_defaults_and_warnings(tmp_path, tf_log):
   est = TPUEstimator(_model_fn, config=RunConfig(), use_tpu=False,
                      model_dir=tmp_path, export_to_cpu=False,

@@ -22,6 +22,7 @@ from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training.saving import saveable_object_util
 
 from tpu_fc._tf import tf
+from tpu_fc.lookup.embedding_core import FEATURE_COLUMN_SCOPE_COLLECTION
 
 _NAMES_COLLECTION = 'tpu_fc_checkpoint_names'
 _BEFORE_SAVE_COLLECTION = 'tpu_fc_before_save_ops'
@@ -200,6 +201,17 @@ def add_saver(graph, checkpoint_path, config):
       max_to_keep=config.keep_checkpoint_max,
       keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
       save_relative_paths=True))
+
+
+def drop_build_records(graph):
+  """Drops the records of table names made while building the graph.
+
+  They are read once the graph is built (by `add_saver`); they hold Python dicts,
+  which every checkpoint's meta graph would fail to serialize, with a warning per
+  save.
+  """
+  for name in (_NAMES_COLLECTION, FEATURE_COLUMN_SCOPE_COLLECTION):
+    graph.clear_collection(name)
 
 
 def run_before_save(graph, build_op):

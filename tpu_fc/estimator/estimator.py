@@ -31,12 +31,14 @@ from tpu_fc.estimator.config import default_session_config
 from tpu_fc.estimator.config import InputPipelineConfig
 from tpu_fc.estimator.config import parse_iterations_per_loop
 from tpu_fc.estimator.config import path_to_str
+from tpu_fc.estimator.config import without_table_copy_rewrite
 from tpu_fc.estimator.hooks import CheckpointInputPipelineHook
 from tpu_fc.estimator.hooks import DatasetInitializerHook
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
 from tpu_fc.estimator.spec import to_estimator_spec
 from tpu_fc.lookup import context as lookup_context
+from tpu_fc.lookup import tpu_embedding
 
 _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
@@ -116,6 +118,20 @@ def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
       getattr(embedding_config_spec, 'partition_strategy', None) == 'mod'):
     raise ValueError('Mod sharding of embedding tables not supported on '
                      'CPU.')
+
+
+def _log_tpu_system(cluster):
+  """One line saying where the TPU work runs: emulated, since no TPU path runs here."""
+  resolver = tpu_embedding.tpu_cluster_resolver(cluster)
+  if resolver is None:
+    tf.compat.v1.logging.info(
+        'No TPU found: TPU training and evaluation are emulated on the host '
+        '(TPU embedding update rules; see docs/emulation.md).')
+  else:
+    tf.compat.v1.logging.warn(
+        'A TPU was found (%s), but tpu_fc does not drive TPUs yet: TPU training '
+        'and evaluation are emulated on the host. For TPU training, migrate the '
+        'model to the mid-level API (migration_guide/).', resolver.master())
 
 
 def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
@@ -299,6 +315,8 @@ class TPUEstimator(object):
           'Setting TPUConfig.num_shards==1 is an unsupported behavior. '
           'Please fix as soon as possible (leaving num_shards as None.)')
     tf.compat.v1.logging.info('_TPUContext: eval_on_tpu %s', eval_on_tpu)
+    if use_tpu:
+      _log_tpu_system(config.cluster)
     if not use_tpu and eval_on_tpu:
       tf.compat.v1.logging.warn('eval_on_tpu ignored because use_tpu is False.')
 
@@ -318,8 +336,8 @@ class TPUEstimator(object):
   @staticmethod
   def _finalize_config(config, model_dir):
     """Estimator's defaults: session config, and model_dir (else a temp dir)."""
-    if config.session_config is None:
-      config = config.replace(session_config=default_session_config())
+    config = config.replace(session_config=without_table_copy_rewrite(
+        config.session_config or default_session_config()))
     model_dir = path_to_str(model_dir)
     if model_dir is not None and config.model_dir not in (None, model_dir):
       raise ValueError(
@@ -571,6 +589,7 @@ class TPUEstimator(object):
                            training_hooks=tuple(spec.training_hooks) + (hook,))
     if spec.scaffold.saver is None:
       checkpoints.add_saver(graph, checkpoint_path, self._config)
+    checkpoints.drop_build_records(graph)
     if self._warm_start_settings and not checkpoint_path:
       tf.compat.v1.logging.info('Warm-starting with WarmStartSettings: %s' %
                                 (self._warm_start_settings,))

@@ -229,7 +229,7 @@ def training_loop(build_step, next_batch, iterations):
             for key in _LOOP_LOCAL_COLLECTIONS}
   steps_this_run = tf.compat.v1.placeholder_with_default(
       iterations, [], name='training_loop_iterations')
-  graph.add_to_collection(_ITERATIONS_COLLECTION, (steps_this_run, iterations))
+  graph.add_to_collection(_ITERATIONS_COLLECTION, steps_this_run)
   specs = []
 
   def condition(step, loss):
@@ -272,8 +272,10 @@ class LoopIterationsHook(tf.compat.v1.train.SessionRunHook):
 
   def begin(self):
     loops = tf.compat.v1.get_collection(_ITERATIONS_COLLECTION)
-    if loops:
-      self._loop = loops[0]
+    if loops:  # the steps-per-run placeholder, defaulting to iterations_per_loop
+      steps_this_run = loops[0]
+      self._loop = (steps_this_run,
+                    int(tf.get_static_value(steps_this_run.op.inputs[0])))
 
   def after_create_session(self, session, coord):
     del coord

@@ -62,6 +62,14 @@ def as_sparse(name, value, keep_zero_ids):
   return value
 
 
+def sequence_lengths(ids, max_sequence_length):
+  """Per example of sparse `ids`, 1 + its last id position, capped (TPUEstimator's)."""
+  lengths = tf.math.unsorted_segment_max(
+      ids.indices[:, 1] + 1, ids.indices[:, 0],
+      tf.cast(ids.dense_shape[0], tf.int32))
+  return tf.clip_by_value(lengths, 0, max_sequence_length)
+
+
 def check_ids(feature_name, table_name, ids, vocabulary_size):
   """`ids` as int64, failing the step (naming feature and ids) if out of range."""
   ids = tf.cast(ids, tf.int64)
@@ -94,6 +102,25 @@ def _check_weights(feature, ids, weights):
     return tf.identity(weights)
 
 
+def _ids_in_range(layout, parsed):
+  """One check of every id of the step; only on failure the per-feature checks
+  run, naming the feature and its ids (`check_ids`)."""
+  too_big = [tf.reduce_any(p.ids.values >= table.vocabulary_size)
+             for table in layout.tables for p in parsed[table.name]]
+  if not too_big:
+    return tf.no_op()
+
+  def report():
+    checks = [check_ids(p.feature.name, table.name, p.ids.values,
+                        table.vocabulary_size)
+              for table in layout.tables for p in parsed[table.name]]
+    with tf.control_dependencies(checks):
+      return tf.constant(False)
+
+  return tf.cond(tf.reduce_any(tf.stack(too_big)), report,
+                 lambda: tf.constant(True))
+
+
 def _check_divisible(name, value, num_shards):
   """An assertion, naming the feature, that its batch splits into the shards."""
   batch = tf.shape(value, out_type=tf.int64)[0]
@@ -123,8 +150,7 @@ def _split_div(parts, ids, gradients):
 
 
 class _Lookup(collections.namedtuple(
-    '_Lookup', ['feature', 'rows', 'values', 'weights', 'positions', 'batch',
-                'lengths'])):
+    '_Lookup', ['feature', 'rows', 'weights', 'positions', 'batch', 'lengths'])):
   """One feature's ids, mapped onto its table's de-duplicated rows.
 
   `rows` indexes the table's unique ids, `positions` is `[n, 2]` (example, slot);
@@ -220,19 +246,26 @@ class HostEmbeddingEngine:
     self._captured = {}
     self._lookups, self._unique_ids, self._gathered = {}, {}, {}
     self._all_ids = {}
-    self._activations, self._shards = {}, {}
+    self._shards = {}
+    self._norms = {}
+    parsed = {table.name: [self._parse(table, feature, features)
+                           for feature in self.layout.features_of(table.name)]
+              for table in self.layout.tables}
+    ids_checked = _ids_in_range(self.layout, parsed)
     combined = {}
     for table in self.layout.tables:
-      for lookup in self._table_lookups(table, features):
+      for lookup in self._table_lookups(table, parsed[table.name], ids_checked):
         combined.update(self._combine(table, lookup))
     shards = [dict() for _ in range(num_shards)]
     for name, value in combined.items():
-      with tf.control_dependencies([_check_divisible(name, value, num_shards)]):
-        pieces = tf.split(value, num_shards, axis=0)
+      pieces = [value]
+      if num_shards > 1:
+        with tf.control_dependencies(
+            [_check_divisible(name, value, num_shards)]):
+          pieces = tf.split(value, num_shards, axis=0)
       for shard, piece in enumerate(pieces):
         shards[shard][name] = piece
     for feature in self.layout.features:
-      self._activations[feature.name] = combined[feature.name]
       self._shards[feature.name] = [shard[feature.name] for shard in shards]
       if self._dummies:
         for index, shard in enumerate(shards):
@@ -241,30 +274,26 @@ class HostEmbeddingEngine:
               (feature.name, index))
     return shards
 
-  def _table_lookups(self, table, features):
+  def _table_lookups(self, table, parsed, ids_checked):
     """One de-duplication and one gather for all features of `table`."""
-    parsed = [self._parse(table, feature, features)
-              for feature in self.layout.features_of(table.name)]
-    all_ids = tf.concat(
-        [check_ids(p.feature.name, p.feature.table, p.ids.values,
-                   table.vocabulary_size)
-         for p in parsed], axis=0)
+    all_ids = tf.concat([tf.cast(p.ids.values, tf.int64) for p in parsed],
+                        axis=0)
     self._all_ids[table.name] = all_ids
     self._batch = parsed[0].ids.dense_shape[0]
     unique_ids, rows = tf.unique(all_ids, out_idx=tf.int64)
-    with tf.control_dependencies([self._step]):
+    with tf.control_dependencies([self._step, ids_checked]):
       gathered = _gather(self.tables[table.name], unique_ids)
     self._unique_ids[table.name] = unique_ids
     self._gathered[table.name] = gathered
-    lookups, start = [], 0
-    for p in parsed:
-      count = tf.shape(p.ids.values, out_type=tf.int64)[0]
-      lookups.append(_Lookup(
-          feature=p.feature, rows=rows[start:start + count],
-          values=tf.gather(gathered, rows[start:start + count]),
-          weights=p.weights, positions=p.ids.indices,
-          batch=p.ids.dense_shape[0], lengths=p.lengths))
-      start = start + count
+    if len(parsed) == 1:
+      feature_rows = [rows]
+    else:
+      feature_rows = tf.split(
+          rows, [tf.size(p.ids.values, out_type=tf.int64) for p in parsed])
+    lookups = [_Lookup(feature=p.feature, rows=r, weights=p.weights,
+                       positions=p.ids.indices, batch=p.ids.dense_shape[0],
+                       lengths=p.lengths)
+               for p, r in zip(parsed, feature_rows)]
     self._lookups[table.name] = lookups
     return lookups
 
@@ -298,10 +327,7 @@ class HostEmbeddingEngine:
     keep = ids.values >= 0
     lengths = None
     if feature.is_sequence:
-      lengths = tf.math.unsorted_segment_max(
-          ids.indices[:, 1] + 1, ids.indices[:, 0],
-          tf.cast(ids.dense_shape[0], tf.int32))
-      lengths = tf.clip_by_value(lengths, 0, feature.max_sequence_length)
+      lengths = sequence_lengths(ids, feature.max_sequence_length)
       keep = tf.logical_and(keep,
                             ids.indices[:, 1] < feature.max_sequence_length)
     ids = tf.sparse.retain(ids, keep)
@@ -336,35 +362,44 @@ class HostEmbeddingEngine:
     return tf.cast(weights.values, tf.float32)
 
   def _combine(self, table, lookup):
-    """The activation of one feature: combined rows, or a padded sequence."""
+    """The activation of one feature: combined rows, or a padded sequence.
+
+    A pooled feature's norm (mean, sqrtn) is kept for its gradient.
+    """
     feature = lookup.feature
     examples = lookup.positions[:, 0]
     dimension = table.dimension
+    values = tf.gather(self._gathered[table.name], lookup.rows)
     if feature.is_sequence:
       length = feature.max_sequence_length
       activation = tf.scatter_nd(
-          lookup.positions, lookup.values,
+          lookup.positions, values,
           tf.stack([lookup.batch, tf.constant(length, tf.int64),
                     tf.constant(dimension, tf.int64)]))
       activation.set_shape([None, length, dimension])
       return {feature.name: activation,
               feature.name + SEQUENCE_LENGTH_SUFFIX: lookup.lengths}
     weights = lookup.weights
-    if weights is None:
-      weights = tf.ones_like(lookup.rows, dtype=tf.float32)
     batch = tf.cast(lookup.batch, tf.int32)
-    total = tf.math.unsorted_segment_sum(
-        lookup.values * weights[:, tf.newaxis], examples, batch)
+    if weights is not None:
+      values = values * weights[:, tf.newaxis]
+    total = tf.math.unsorted_segment_sum(values, examples, batch)
     combiner = table.combiner or 'sum'
-    if combiner == 'mean':
+    if combiner == 'sum':
+      norm = None
+    elif weights is None:  # mean and sqrtn of unit weights: the id count
+      norm = tf.math.unsorted_segment_sum(
+          tf.ones_like(examples, dtype=tf.float32), examples, batch)
+      if combiner == 'sqrtn':
+        norm = tf.sqrt(norm)
+    elif combiner == 'mean':
       norm = tf.math.unsorted_segment_sum(weights, examples, batch)
-    elif combiner == 'sqrtn':
+    else:
       norm = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, examples,
                                                   batch))
-    else:
-      norm = None
     if norm is not None:
       total = tf.math.divide_no_nan(total, norm[:, tf.newaxis])
+    self._norms[feature.name] = norm
     total.set_shape([None, dimension])
     return {feature.name: total}
 
@@ -406,12 +441,12 @@ class HostEmbeddingEngine:
     """
     updates = []
     for table in self.layout.tables:
-      features = [lookup.feature.name for lookup in self._lookups[table.name]]
-      row_gradients = tf.gradients(
-          [self._activations[name] for name in features],
-          self._gathered[table.name],
-          grad_ys=[self._activation_gradient(table, name) for name in features])[0]
-      row_gradients = tf.convert_to_tensor(row_gradients)
+      lookups = self._lookups[table.name]
+      row_gradients = tf.math.unsorted_segment_sum(
+          tf.concat([self._id_gradients(table, lookup) for lookup in lookups],
+                    axis=0),
+          tf.concat([lookup.rows for lookup in lookups], axis=0),
+          tf.size(self._unique_ids[table.name]))
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(self._step),
                                  tf.float32)
@@ -422,6 +457,24 @@ class HostEmbeddingEngine:
       else:
         updates.append(self._apply(table, *update))
     return tf.group(*updates, name='tpu_embedding_update')
+
+  def _id_gradients(self, table, lookup):
+    """d(loss)/d(row) for each id of one feature: the chain rule of `_combine`."""
+    feature = lookup.feature
+    dy = self._activation_gradient(table, feature.name)
+    if feature.is_sequence:
+      return tf.gather_nd(dy, lookup.positions)
+    examples = lookup.positions[:, 0]
+    gradients = tf.gather(dy, examples)
+    scale = lookup.weights
+    norm = self._norms[feature.name]
+    if norm is not None:
+      norm = tf.gather(norm, examples)
+      scale = tf.math.divide_no_nan(
+          tf.ones_like(norm) if scale is None else scale, norm)
+    if scale is not None:
+      gradients *= scale[:, tf.newaxis]
+    return gradients
 
   def _apply(self, table, unique_ids, row_gradients, learning_rate):
     """The table's update, part by part on each part's device (one part unsplit)."""
