@@ -3,13 +3,14 @@
 The job is `tests/scripts/cluster_model.py`, started by `tpu_fc.cluster.LocalCluster`
 (what `tpu-fc cluster` runs).  Its inputs are a function of the global step and
 the replica, so the synchronous job must equal a single host with the same
-global batch, also across a killed and restarted worker and a killed ps task
+global batch, also across a killed and restarted worker or chief and a killed ps task
 (the job stops, and resumes from its last checkpoint when run again).  A single
 host also restores the cluster's checkpoints.  The asynchronous default runs
 in-process, the tasks' roles given by explicit `ClusterResolver`s.
 """
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -135,20 +136,28 @@ def test_sync_emulated_core_equals_one_host_across_a_worker_restart(tmp_path):
                               steps=2)
 
 
-def test_ps_failure_stops_the_job_and_a_rerun_resumes_exactly(tmp_path):
-  """use_tpu=False: the feature column's table, partitioned through the scope."""
+def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
+  """use_tpu=False: the feature column's table, partitioned through the scope.
+
+  A killed ps stops the job; run again, it resumes from the last checkpoint;
+  there the chief is killed, and the restarted job resumes again.
+  """
   model_dir = tmp_path / 'cluster'
   error = run_job(tmp_path, 'killed', model_dir, '--sync', '--max_steps',
                   '100000', kill_ps_after_step=2)
   assert 'ps task 1 was killed by SIGKILL; stopping the job' in str(error)
   assert 'resume from the last one' in str(error)
   last = _checkpoint_step(model_dir)
-  run_job(tmp_path, 'resumed', model_dir, '--sync', '--max_steps',
-          str(last + 4))
+  result = run_job(tmp_path, 'resumed', model_dir, '--sync', '--max_steps',
+                   str(last + 6), '--die_task', 'chief', '--die_at_step',
+                   str(last + 3))
+  assert result.job_restarts == 1
   with open(os.path.join(tmp_path, 'logs_resumed', 'chief-0.log')) as f:
-    assert 'Restoring parameters from {}'.format(
-        os.path.join(model_dir, 'model.ckpt-{}'.format(last))) in f.read()
-  reference = single_host(tmp_path / 'one_host', False, last + 4)
+    restored = re.findall(r'Restoring parameters from .*model\.ckpt-(\d+)',
+                          f.read())
+  # (the task's log repeats each line)
+  assert [int(step) for step in dict.fromkeys(restored)] == [last, last + 2]
+  reference = single_host(tmp_path / 'one_host', False, last + 6)
   assert_same_variables(checkpoint_values(model_dir), reference)
   assert_tables_on_every_ps(model_dir)
   assert_restores_on_one_host(model_dir, tmp_path / 'one_host', False,
@@ -160,8 +169,12 @@ def _resolver(spec, job, index):
       tf.train.ClusterSpec(spec), task_type=job, task_id=index)
 
 
-def test_async_training_in_process_with_explicit_cluster(tmp_path):
-  """The default: chief and worker apply their own steps to the ps variables."""
+def test_async_training_in_process_with_explicit_cluster(tmp_path, tf_log):
+  """The default: chief and worker apply their own steps to the ps variables.
+
+  The cluster starts from a single host's checkpoint.
+  """
+  single_host(tmp_path, False, 2)
   spec = cluster.cluster_spec(num_ps=2, num_workers=1)
   configs = {
       (job, index): tpu_fc.RunConfig(
@@ -193,6 +206,8 @@ def test_async_training_in_process_with_explicit_cluster(tmp_path):
   for thread in threads:
     thread.join(TIMEOUT_SECS)
   assert not errors and not any(t.is_alive() for t in threads), errors
+  assert 'Restoring parameters from {}'.format(
+      os.path.join(tmp_path, 'model.ckpt-2')) in tf_log
   assert_tables_on_every_ps(tmp_path)
   trained = checkpoint_values(tmp_path)
   assert trained['global_step'] >= 8

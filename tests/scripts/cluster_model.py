@@ -1,7 +1,7 @@
 """A TPUEstimator job for parameter-server cluster tests, run by every task.
 
 `python -m tpu_fc cluster --ps 2 --workers 1 -- cluster_model.py --model_dir D
-[--use_tpu] [--sync] [--die_at_step K]`.  One embedding table: on the emulated
+[--use_tpu] [--sync] [--die_at_step K [--die_task chief]]`.  One embedding table: on the emulated
 embedding core (`--use_tpu`) or a feature-column table trained by the model's
 optimizer (use_tpu=False).  Every input is a function of the global step and the
 task's replica index, so a replica that restarts reads what it would have read,
@@ -133,14 +133,16 @@ def main():
   parser.add_argument('--use_tpu', action='store_true')
   parser.add_argument('--sync', action='store_true')
   parser.add_argument('--max_steps', type=int, default=6)
-  parser.add_argument('--die_at_step', type=int, default=None)
+  parser.add_argument('--die_at_step', type=int, default=None,
+                      help='kill the task at this global step, once')
+  parser.add_argument('--die_task', default='worker', choices=('chief', 'worker'))
   args = parser.parse_args()
-  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+  tf.get_logger().setLevel('INFO')
   job = estimator(args.model_dir, args.use_tpu, sync=args.sync)
   hooks = []
   if job.config.is_chief:
     hooks.append(RecordHook(args.model_dir))
-  if (job.config.task_type == 'worker' and args.die_at_step is not None and
+  if (job.config.task_type == args.die_task and args.die_at_step is not None and
       os.environ.get(cluster.RESTART_COUNT_ENV) == '0'):
     hooks.append(DieOnceHook(args.die_at_step))
   job.train(input_fn, hooks=hooks, max_steps=args.max_steps)
