@@ -223,6 +223,19 @@ def test_async_training_in_process_with_explicit_cluster(tmp_path, tf_log):
   assert evaluation['global_step'] == trained['global_step']
 
 
+def test_sync_with_pipelined_tables_is_a_clear_error(tmp_path):
+  spec = cluster.cluster_spec(num_ps=1, num_workers=0)
+  config = tpu_fc.RunConfig(cluster=_resolver(spec, 'chief', 0),
+                            model_dir=str(tmp_path), sync_replicas=True)
+  pipelined = cluster_model.spec()._replace(
+      pipeline_execution_with_tensor_core=True)
+  estimator = tpu_fc.TPUEstimator(
+      cluster_model.model_fn, use_tpu=True, train_batch_size=4, config=config,
+      embedding_config_spec=pipelined)
+  with pytest.raises(ValueError, match='does not support pipeline_execution'):
+    estimator.train(cluster_model.input_fn, max_steps=1)
+
+
 CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
            'worker': ['host3:2222', 'host4:2222']}
 

@@ -204,9 +204,8 @@ class SyncReplicas:
   step they were computed at, to accumulators on the ps holding the variable
   (stale ones are dropped), and waits for a token.  On the chief, a thread runs
   the sync op: take the average of `replicas` gradients from every accumulator,
-  apply them with the original update (the engine's tables first, whose learning
-  rate reads the step), increment the global step once, and release one token
-  per replica.  Unlike TF's `SyncReplicasOptimizer`, whose sparse accumulators
+  apply them with the original updates, then increment the global step (which
+  the engine's learning rate reads first) and release one token per replica.  Unlike TF's `SyncReplicasOptimizer`, whose sparse accumulators
   average each row over the replicas that touched it, sparse gradients are
   summed and divided by `replicas`: the gradient of the global batch, so a step
   equals a single-host step over the union of the replicas' batches.

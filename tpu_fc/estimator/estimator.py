@@ -611,6 +611,12 @@ class TPUEstimator(object):
       if not self._config.sync_replicas:
         yield None
         return
+      spec = self._embedding_config_spec
+      if spec is not None and spec.pipeline_execution_with_tensor_core:
+        raise ValueError(
+            'RunConfig(sync_replicas=True) does not support '
+            'pipeline_execution_with_tensor_core=True: its parked table updates '
+            'cannot be aggregated across workers.')
       sync = distributed.SyncReplicas(self._config.num_worker_replicas)
       with sync.building():
         yield sync
