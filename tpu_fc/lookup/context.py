@@ -19,16 +19,21 @@ _state = threading.local()
 
 
 @contextlib.contextmanager
+def _setting(name, value):
+  """Sets this thread's `name` to `value` inside the block."""
+  previous = getattr(_state, name, None)
+  setattr(_state, name, value)
+  try:
+    yield
+  finally:
+    setattr(_state, name, previous)
+
+
 def building(mode):
   """Marks the graph built inside as one for `mode` (a ModeKeys value)."""
   if mode not in _MODES:
     raise ValueError('mode must be one of {}, got {!r}.'.format(_MODES, mode))
-  previous = getattr(_state, 'mode', None)
-  _state.mode = mode
-  try:
-    yield
-  finally:
-    _state.mode = previous
+  return _setting('mode', mode)
 
 
 def current_mode():
@@ -40,15 +45,9 @@ def is_inference():
   return current_mode() in (EVAL, PREDICT)
 
 
-@contextlib.contextmanager
 def aggregating(aggregate_rows):
   """Routes table updates built inside through `aggregate_rows(variable, gradient, apply)`."""
-  previous = getattr(_state, 'aggregate_rows', None)
-  _state.aggregate_rows = aggregate_rows
-  try:
-    yield
-  finally:
-    _state.aggregate_rows = previous
+  return _setting('aggregate_rows', aggregate_rows)
 
 
 def apply_rows(variable, gradient, apply):
