@@ -258,6 +258,10 @@ def main(args):
   except ClusterError as error:
     print('tpu_fc cluster: ' + str(error), file=sys.stderr)
     sys.exit(1)
+  except KeyboardInterrupt as interrupt:
+    print('tpu_fc cluster: stopped ({}); every task was stopped.'.format(
+        interrupt or 'SIGINT'), file=sys.stderr)
+    sys.exit(130)
   print('tpu_fc cluster: done (restarts: {}).'.format(
       {'{}-{}'.format(*key): n for key, n in result.restarts.items() if n}
       or 'none'), file=sys.stderr)
