@@ -118,8 +118,11 @@ def markdown(results, found):
   bandwidth = results['bandwidth']
   out = ['# tpu_fc benchmarks: {} run'.format(results['mode']), '']
   out.append('- command: `{}`'.format(results['command']))
-  out.append('- date: {}, {:.0f} s, git commit {}'.format(
-      results['date'], results['seconds'], machine['git_commit']))
+  uncommitted = machine.get('uncommitted_sources')
+  out.append('- date: {}, {:.0f} s, sources of git {}{}'.format(
+      results['date'], results['seconds'], machine['git_commit'],
+      '' if uncommitted is None else ' (copied at the start; uncommitted: {})'
+      .format(', '.join(uncommitted) or 'none')))
   out.append('- machine: {}, {} usable CPUs of {}, {:.1f} GiB; load average '
              '{:.2f} at start, {:.2f} at end'.format(
                  machine['cpu'], machine['usable_cpus'], machine['cpus'],

@@ -8,6 +8,7 @@ alike.  Workers that would not fit in memory together run in successive groups.
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -143,18 +144,32 @@ class WorkerFailed(Exception):
   pass
 
 
+def snapshot_sources(log_dir):
+  """Copies tpu_fc/ and benchmarks/ as they are now; workers import the copy.
+
+  The working tree may change while a long run goes on; every worker of the
+  run must measure the same code.
+  """
+  root = os.path.join(log_dir, 'sources')
+  for package in ('tpu_fc', 'benchmarks'):
+    shutil.copytree(os.path.join(REPO, package), os.path.join(root, package),
+                    ignore=shutil.ignore_patterns('__pycache__', 'results'))
+  return root
+
+
 class Worker(object):
-  """One path in a `python -m benchmarks.worker` process."""
+  """One path in a `python -m benchmarks.worker` process, run from `sources`."""
 
   def __init__(self, python, job, log_dir):
     self.path = job['path']
     self.log = os.path.join(log_dir, '{}-{}.log'.format(
         self.path, job['workload']['dim']))
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+    sources = os.path.join(log_dir, 'sources')
+    env = dict(os.environ, PYTHONPATH=sources + os.pathsep +
                os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
     with open(self.log, 'w') as log:
       self._process = subprocess.Popen(
-          [python, '-m', 'benchmarks.worker'], cwd=REPO, env=env,
+          [python, '-m', 'benchmarks.worker'], cwd=sources, env=env,
           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
     self.send(json.dumps(job))
 
@@ -308,18 +323,23 @@ def machine_info(settings):
           [python, '-c', 'from importlib import metadata; '
            'print(metadata.version("tensorflow"))'],
           capture_output=True, text=True).stdout.strip()}
-  commit = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=REPO,
-                          capture_output=True, text=True).stdout.strip()
+  commit = subprocess.run(['git', 'describe', '--always', '--dirty'],
+                          cwd=REPO, capture_output=True, text=True).stdout.strip()
+  changed = subprocess.run(['git', 'status', '--short', '--', 'tpu_fc',
+                            'benchmarks'], cwd=REPO, capture_output=True,
+                           text=True).stdout.split('\n')
   return {'cpu': models[0] if models else 'unknown',
           'cpus': os.cpu_count(), 'usable_cpus': len(os.sched_getaffinity(0)),
           'memory_bytes': total, 'load_average_start': os.getloadavg(),
-          'interpreters': versions, 'git_commit': commit}
+          'interpreters': versions, 'git_commit': commit,
+          'uncommitted_sources': [line[3:] for line in changed if line]}
 
 
 def run(settings, command, log=print):
   """Runs everything the settings ask for; returns the results dict."""
   started = time.time()
   log_dir = tempfile.mkdtemp(prefix='tpu_fc_bench_logs_')
+  snapshot_sources(log_dir)
   results = {'command': command, 'mode': settings.mode,
              'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
              'machine': machine_info(settings), 'logs': log_dir,
