@@ -56,7 +56,7 @@ def bar_chart(groups, path, label_width=30, bar_width=360):
   Bars are scaled to the largest value of their group.
   """
   rows = sum(1 + len(bars) for _, bars in groups) + len(groups)
-  width = label_width * _ADVANCE + bar_width + 22 * _ADVANCE
+  width = label_width * _ADVANCE + bar_width + 27 * _ADVANCE
   height = rows * _LINE + _LINE
   image = np.full((height, width, 3), 255, np.uint8)
   y = _LINE // 2
