@@ -7,6 +7,7 @@ a linear layer on the dense features), sigmoid cross-entropy, Adagrad (initial
 accumulator 0.1) on every variable.
 """
 import importlib
+import shutil
 import tempfile
 
 import numpy as np
@@ -175,6 +176,14 @@ def _run_estimator(job, workload, controller, legacy, use_tpu, device, mlp):
   data = workload_lib.make_data(workload)
   estimator.train(lambda params: _dataset(workload, data), steps=10**9,
                   hooks=[_TimingHook(controller, iterations if use_tpu else 1)])
+  try:
+    return _export(api, workload, estimator, export_base)
+  finally:
+    shutil.rmtree(config.model_dir, ignore_errors=True)
+
+
+def _export(api, workload, estimator, export_base):
+  """{'export_dir': ...} of a SavedModel with a tf.Example receiver, or {}."""
   if not export_base:
     return {}
   parse_spec = tf.feature_column.make_parse_example_spec(

@@ -383,6 +383,7 @@ def run(settings, command, log=print):
     results['training'].append(entry)
   if settings.serving:
     results['serving'] = measure_serving(settings, exports, log_dir, log)
+  shutil.rmtree(export_base, ignore_errors=True)
   if settings.scale:
     results['scale'] = measure_scale(settings, log_dir, log)
   results['machine']['load_average_end'] = os.getloadavg()
