@@ -442,11 +442,14 @@ class HostEmbeddingEngine:
     updates = []
     for table in self.layout.tables:
       lookups = self._lookups[table.name]
-      row_gradients = tf.math.unsorted_segment_sum(
-          tf.concat([self._id_gradients(table, lookup) for lookup in lookups],
-                    axis=0),
-          tf.concat([lookup.rows for lookup in lookups], axis=0),
-          tf.size(self._unique_ids[table.name]))
+      # After this step's gather, also where no gradient depends on it (a
+      # feature the loss ignores): the update must not change what was looked up.
+      with tf.control_dependencies([self._gathered[table.name]]):
+        row_gradients = tf.math.unsorted_segment_sum(
+            tf.concat([self._id_gradients(table, lookup) for lookup in lookups],
+                      axis=0),
+            tf.concat([lookup.rows for lookup in lookups], axis=0),
+            tf.size(self._unique_ids[table.name]))
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(self._step),
                                  tf.float32)

@@ -61,6 +61,21 @@ def _on_devices_of(parts):
   return device
 
 
+def _filled_with(value):
+  """An initializer filling with `value`, computed when the initializer runs.
+
+  With a constant value TF folds the fill into a constant that keeps a
+  table-sized buffer for the session's lifetime; the slot shares it, so its first
+  sparse update copies it: twice the slot's memory (measured: +2.4 GiB for a
+  10M x 64 table).  A fill from a feedable scalar is not folded.
+  """
+  def initializer(shape, dtype=tf.float32, partition_info=None):
+    del partition_info
+    return tf.fill(shape, tf.compat.v1.placeholder_with_default(
+        tf.constant(value, dtype), []))
+  return initializer
+
+
 def create_slot_variables(parameters, table_variable, name_prefix):
   """`{mid-level slot name: variable}` for `parameters`, shaped like the table.
 
@@ -85,7 +100,7 @@ def create_slot_variables(parameters, table_variable, name_prefix):
       slots[slot_name] = tf.compat.v1.get_variable(
           '{}/{}'.format(name_prefix, slot_name),
           shape=table_variable.shape, dtype=tf.float32,
-          initializer=tf.compat.v1.constant_initializer(value),
+          initializer=_filled_with(value),
           trainable=False, use_resource=True, partitioner=partitioner,
           collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
   return slots
