@@ -120,14 +120,10 @@ def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
                      'CPU.')
 
 
-def _log_tpu_system(cluster):
-  """One line saying where the TPU work runs: emulated, since no TPU path runs here."""
+def _warn_if_tpu_unused(cluster):
+  """Warns when a TPU is there: tpu_fc emulates it (building logs that once)."""
   resolver = tpu_embedding.tpu_cluster_resolver(cluster)
-  if resolver is None:
-    tf.compat.v1.logging.info(
-        'No TPU found: TPU training and evaluation are emulated on the host '
-        '(TPU embedding update rules; see docs/emulation.md).')
-  else:
+  if resolver is not None:
     tf.compat.v1.logging.warn(
         'A TPU was found (%s), but tpu_fc does not drive TPUs yet: TPU training '
         'and evaluation are emulated on the host. For TPU training, migrate the '
@@ -316,7 +312,7 @@ class TPUEstimator(object):
           'Please fix as soon as possible (leaving num_shards as None.)')
     tf.compat.v1.logging.info('_TPUContext: eval_on_tpu %s', eval_on_tpu)
     if use_tpu:
-      _log_tpu_system(config.cluster)
+      _warn_if_tpu_unused(config.cluster)
     if not use_tpu and eval_on_tpu:
       tf.compat.v1.logging.warn('eval_on_tpu ignored because use_tpu is False.')
 
