@@ -88,15 +88,27 @@ def _table_parameters(spec, table):
       spec.optimization_parameters)
 
 
+_SHARED_COLUMN_TYPES = (columns_lib.SharedEmbeddingColumn,
+                        columns_lib.SharedDeviceSpecificEmbeddingColumn)
+
+
+def _column_table_name(column):
+  """A column's table name below any enclosing scope: a shared collection's name
+  (no layer scope either), else `<column>/embedding_weights` (below the layer's)."""
+  if isinstance(column, _SHARED_COLUMN_TYPES):
+    return column.get_embedding_var_name()
+  return '{}/embedding_weights'.format(column.name)
+
+
 def _default_legacy_name(table, layout):
   """The name TPUEstimator gave `table` in a `DenseFeatures` model (no record)."""
   column = layout.features_of(table.name)[0].column
   if column is None:
     return table.name
-  if isinstance(column, (columns_lib.SharedEmbeddingColumn,
-                         columns_lib.SharedDeviceSpecificEmbeddingColumn)):
-    return column.get_embedding_var_name()
-  return 'dense_features/{}/embedding_weights'.format(column.name)
+  name = _column_table_name(column)
+  if isinstance(column, _SHARED_COLUMN_TYPES):
+    return name
+  return 'dense_features/' + name
 
 
 def _name_matches(name, table, layout):
@@ -104,11 +116,7 @@ def _name_matches(name, table, layout):
   column = layout.features_of(table.name)[0].column
   if column is None:
     return name == table.name
-  if isinstance(column, (columns_lib.SharedEmbeddingColumn,
-                         columns_lib.SharedDeviceSpecificEmbeddingColumn)):
-    suffix = column.get_embedding_var_name()
-  else:
-    suffix = '{}/embedding_weights'.format(column.name)
+  suffix = _column_table_name(column)
   return name == suffix or name.endswith('/' + suffix)
 
 
