@@ -152,7 +152,8 @@ def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
   """use_tpu=False: the feature column's table, partitioned through the scope.
 
   A killed ps stops the job; run again, it resumes from the last checkpoint;
-  there the chief is killed, and the restarted job resumes again.
+  there the chief is killed, and the restarted job resumes again.  The chief
+  is slow then: a worker taking its tokens would run ahead (or hang the job).
   """
   model_dir = tmp_path / 'cluster'
   error = run_job(tmp_path, 'killed', model_dir, '--sync', '--max_steps',
@@ -160,9 +161,10 @@ def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
   assert 'ps task 1 was killed by SIGKILL; stopping the job' in str(error)
   assert 'resume from the last one' in str(error)
   last = _checkpoint_step(model_dir)
+  # With a slow chief, the worker must wait for it at every step.
   result = run_job(tmp_path, 'resumed', model_dir, '--sync', '--max_steps',
                    str(last + 6), '--die_task', 'chief', '--die_at_step',
-                   str(last + 3))
+                   str(last + 3), '--slow_chief_secs', '0.3')
   assert result.job_restarts == 1
   with open(os.path.join(tmp_path, 'logs_resumed', 'chief-0.log')) as f:
     restored = re.findall(r'Restoring parameters from .*model\.ckpt-(\d+)',

@@ -1,7 +1,7 @@
 """A TPUEstimator job for parameter-server cluster tests, run by every task.
 
 `python -m tpu_fc cluster --ps 2 --workers 1 -- cluster_model.py --model_dir D
-[--use_tpu] [--sync] [--die_at_step K [--die_task chief]]`.  One embedding table: on the emulated
+[--use_tpu] [--sync] [--die_at_step K [--die_task chief]] [--slow_chief_secs S]`.  One embedding table: on the emulated
 embedding core (`--use_tpu`) or a feature-column table trained by the model's
 optimizer (use_tpu=False).  Every input is a function of the global step and the
 task's replica index, so a replica that restarts reads what it would have read,
@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import signal
+import time
 
 import numpy as np
 
@@ -66,7 +67,15 @@ def input_fn(params, config):
   return examples(first, params['batch_size'])
 
 
-def model_fn(features, labels, mode, params):
+def slow_step(seconds):
+  """An op that sleeps: a chief with more work per step than its workers."""
+  def sleep():
+    time.sleep(seconds)
+    return np.int32(0)
+  return tf.compat.v1.py_func(sleep, [], tf.int32, stateful=True)
+
+
+def model_fn(features, labels, mode, params, config):
   activations = tf.keras.layers.DenseFeatures([embedding_column()])(features)
   inputs = tf.concat([activations, features['x']], axis=1)
   logits = tf.compat.v1.layers.dense(
@@ -77,16 +86,21 @@ def model_fn(features, labels, mode, params):
   if params['use_tpu']:
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
   train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
+  if config.is_chief and params.get('slow_chief_secs'):
+    with tf.control_dependencies([train_op]):  # after its gradients are sent
+      train_op = tf.group(slow_step(params['slow_chief_secs']))
   return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
-def estimator(model_dir, use_tpu, batch_size=BATCH, sync=False):
+def estimator(model_dir, use_tpu, batch_size=BATCH, sync=False,
+              slow_chief_secs=0.0):
   config = tpu_fc.RunConfig(
       model_dir=model_dir, save_checkpoints_steps=2, log_step_count_steps=1,
       keep_checkpoint_max=50, sync_replicas=sync)
   return tpu_fc.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=batch_size,
-      config=config, embedding_config_spec=spec())
+      config=config, embedding_config_spec=spec(),
+      params={'slow_chief_secs': slow_chief_secs})
 
 
 class RecordHook(tf.compat.v1.train.SessionRunHook):
@@ -136,9 +150,12 @@ def main():
   parser.add_argument('--die_at_step', type=int, default=None,
                       help='kill the task at this global step, once')
   parser.add_argument('--die_task', default='worker', choices=('chief', 'worker'))
+  parser.add_argument('--slow_chief_secs', type=float, default=0.0,
+                      help='the chief sleeps this long after sending gradients')
   args = parser.parse_args()
   tf.get_logger().setLevel('INFO')
-  job = estimator(args.model_dir, args.use_tpu, sync=args.sync)
+  job = estimator(args.model_dir, args.use_tpu, sync=args.sync,
+                  slow_chief_secs=args.slow_chief_secs)
   hooks = []
   if job.config.is_chief:
     hooks.append(RecordHook(args.model_dir))

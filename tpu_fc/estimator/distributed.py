@@ -205,14 +205,20 @@ class SyncReplicas:
   (stale ones are dropped), and waits for a token.  On the chief, a thread runs
   the sync op: take the average of `replicas` gradients from every accumulator,
   apply them with the original updates, then increment the global step (which
-  the engine's learning rate reads first) and release one token per replica.  Unlike TF's `SyncReplicasOptimizer`, whose sparse accumulators
-  average each row over the replicas that touched it, sparse gradients are
-  summed and divided by `replicas`: the gradient of the global batch, so a step
-  equals a single-host step over the union of the replicas' batches.
+  the engine's learning rate reads first) and put one token in each replica's
+  own queue.
+
+  Two departures from TF's `SyncReplicasOptimizer`, so that a step equals a
+  single-host step over the union of the replicas' batches: tokens are per
+  replica (with TF's one shared queue a fast replica can take a slow one's
+  token and give the step a second gradient of its own), and sparse gradients
+  are summed and divided by `replicas` (TF's sparse accumulators average each
+  row over the replicas that touched it).
   """
 
-  def __init__(self, replicas):
+  def __init__(self, replicas, replica):
     self._replicas = replicas
+    self._replica = replica
     self._updates = {}  # variables -> (accumulate op, update op); last wins
     self._increments_global_step = False
     self._accumulators = []
@@ -313,10 +319,12 @@ class SyncReplicas:
     model = [u for key, (_, u) in self._updates.items() if key[0] == 'model']
     graph = tf.compat.v1.get_default_graph()
     with tf.device(global_step.device), graph.name_scope(None):
-      tokens = tf.queue.FIFOQueue(-1, tf.int64, shapes=(), name='sync_token_q',
-                                  shared_name='sync_token_q')
+      tokens = [tf.queue.FIFOQueue(-1, tf.int64, shapes=(),
+                                   name='sync_token_q_%d' % replica,
+                                   shared_name='sync_token_q_%d' % replica)
+                for replica in range(self._replicas)]
       with tf.control_dependencies([train_op] + accumulates):
-        token = tokens.dequeue()
+        token = tokens[self._replica].dequeue()
       worker_train_op = self._local_step.assign(token).op
       with tf.control_dependencies(engine):
         update = tf.group(*model)
@@ -324,8 +332,8 @@ class SyncReplicas:
         with tf.control_dependencies([update]):
           update = global_step.assign_add(1).op
       with tf.control_dependencies([update]):
-        sync_op = tokens.enqueue_many(
-            (tf.fill([self._replicas], global_step.read_value()),))
+        step = global_step.read_value()
+        sync_op = tf.group(*[queue.enqueue(step) for queue in tokens])
     local_init = self._local_step.assign(global_step.read_value()).op
     chief_init = tf.group(
         [local_init] + [_set_global_step(accumulator, device, global_step)

@@ -613,7 +613,8 @@ class TPUEstimator(object):
             'RunConfig(sync_replicas=True) does not support '
             'pipeline_execution_with_tensor_core=True: its parked table updates '
             'cannot be aggregated across workers.')
-      sync = distributed.SyncReplicas(self._config.num_worker_replicas)
+      sync = distributed.SyncReplicas(self._config.num_worker_replicas,
+                                      self._config.global_id_in_cluster)
       with sync.building():
         yield sync
 
