@@ -124,3 +124,50 @@ def test_no_tpu_is_found_here(tf_log):
                       config=tpu_fc.RunConfig(cluster=resolver), use_tpu=True,
                       train_batch_size=4)
   assert not [m for m in tf_log if 'A TPU was found' in m]
+
+
+def _graph_mode_model_fn(features, labels):
+  """A legacy model_fn's core: v1 layer, loss, optimizer minimize over collections."""
+  logits = tf.compat.v1.layers.dense(features, 1)
+  loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+  train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
+  with tf.control_dependencies([train_op]):
+    return tf.identity(loss)
+
+
+_MODEL_INPUTS = (tf.TensorSpec([4, 3]), tf.TensorSpec([4, 1]))
+
+
+@pytest.mark.parametrize('built', ['under_the_scope', 'in_the_replica'])
+def test_a_graph_mode_model_fn_cannot_run_in_strategy_replicas(built):
+  """Why the driver emulates the TPU even where one is (docs/scaling.md, "TPU").
+
+  The model graph trains outside any strategy, but not in a strategy's
+  replicas: a one-device MirroredStrategy here; TPUStrategy's variables and
+  cross-replica steps go through the same distributed-variable and merge_call
+  code.  When this test fails, TF can run legacy model_fns on TPUStrategy:
+  time to build that path.
+  """
+  features, labels = tf.ones([4, 3]), tf.zeros([4, 1])
+  plain = tf.compat.v1.wrap_function(_graph_mode_model_fn, _MODEL_INPUTS)
+  assert plain(features, labels) > plain(features, labels)  # it trains
+
+  strategy = tf.distribute.MirroredStrategy(['/cpu:0'])
+  with strategy.scope():
+    if built == 'under_the_scope':  # the strategy's variables, one graph
+      with pytest.raises(ValueError, match='DistributedVariable.handle is not '
+                         'available outside the replica context'):
+        tf.compat.v1.wrap_function(_graph_mode_model_fn, _MODEL_INPUTS)
+      return
+
+    def replica_fn(features, labels):  # a graph per replica
+      return tf.compat.v1.wrap_function(_graph_mode_model_fn, _MODEL_INPUTS)(
+          features, labels)
+
+    @tf.function
+    def train_step(features, labels):
+      return strategy.run(replica_fn, args=(features, labels))
+
+    with pytest.raises(RuntimeError,
+                       match='`merge_call` called while defining a new graph'):
+      train_step(features, labels)
