@@ -39,6 +39,49 @@ def test_install_binds_legacy_names(installed):
     assert estimator_namespace.ModeKeys is tpu_fc.ModeKeys
 
 
+HOOK_NAMES = ('SessionRunHook', 'SessionRunArgs', 'SessionRunContext',
+              'SessionRunValues', 'LoggingTensorHook', 'StopAtStepHook',
+              'CheckpointSaverHook', 'CheckpointSaverListener', 'StepCounterHook',
+              'SummarySaverHook', 'NanTensorHook', 'NanLossDuringTrainingError',
+              'GlobalStepWaiterHook', 'FinalOpsHook', 'FeedFnHook',
+              'ProfilerHook', 'SecondOrStepTimer')
+TRAINING_NAMES = ('TrainSpec', 'EvalSpec', 'Exporter', 'LatestExporter',
+                  'FinalExporter', 'BestExporter', 'RunConfig')
+
+
+def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
+  """TF 2.15's own names win; without tf.estimator, tpu_fc's stand in."""
+  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+  legacy = tf.__version__.startswith('2.15')
+  for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
+    for name in HOOK_NAMES:  # tensorflow_estimator re-exported TF core's
+      assert getattr(estimator_namespace, name) is getattr(
+          tf.compat.v1.train, name), name
+    own = {name: getattr(tpu_fc, name) for name in TRAINING_NAMES}
+    own['WarmStartSettings'] = estimator_lib.WarmStartSettings
+    for name, value in own.items():
+      bound = getattr(estimator_namespace, name)
+      if legacy:
+        assert bound.__module__.startswith('tensorflow_estimator.'), name
+      else:
+        assert bound is value, name
+    assert (estimator_namespace.train_and_evaluate.__wrapped__ is
+            tpu_fc.train_and_evaluate)
+  # Loading tensorflow_estimator for those names left the bindings alone.
+  assert tf.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
+
+
+def test_train_and_evaluate_leaves_other_estimators_to_tf(installed):
+  """tpu_fc's takes tpu_fc's estimators; any other goes to TF's own, if any."""
+  specs = (tf.estimator.TrainSpec(lambda: None),
+           tf.estimator.EvalSpec(lambda: None))
+  with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
+                     '(.*)') as error:
+    tf.estimator.train_and_evaluate(object(), *specs)
+  ours = 'here: tpu_fc.TPUEstimator' in str(error.value)
+  assert ours != tf.__version__.startswith('2.15')
+
+
 def test_removed_legacy_module_is_stood_in_for(installed):
   """TF 2.16 removed tensorflow.python.tpu.tpu_embedding; scripts import from it."""
   from tensorflow.python.tpu import tpu_embedding  # pylint: disable=g-import-not-at-top

@@ -6,8 +6,12 @@ EmbeddingConfigSpec`, `tf.estimator.ModeKeys`, ... are tpu_fc's, on TF 2.15 and 
 versions without `tf.estimator`.  Estimator namespaces are replaced by namespaces that
 hold tpu_fc's names and defer every other name to the namespace they replace (on TF
 2.15 that is tensorflow_estimator, imported only if the script asks for such a name).
-`uninstall()` restores everything.
+Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
+`RunConfig`, `WarmStartSettings`, the session-run hooks) are tpu_fc's only where that
+namespace lacks them; `train_and_evaluate` is tpu_fc's for tpu_fc's estimators and the
+replaced namespace's for any other.  `uninstall()` restores everything.
 """
+import functools
 import importlib
 import sys
 import types
@@ -23,6 +27,13 @@ _EXPORT_NAMES = ('ServingInputReceiver', 'TensorServingInputReceiver',
                  'build_parsing_serving_input_receiver_fn',
                  'build_raw_serving_input_receiver_fn', 'PredictOutput',
                  'ClassificationOutput', 'RegressionOutput', 'ExportOutput')
+# What tensorflow_estimator re-exported from TF core under `tf.estimator`.
+_SESSION_RUN_HOOK_NAMES = (
+    'SessionRunHook', 'SessionRunArgs', 'SessionRunContext', 'SessionRunValues',
+    'LoggingTensorHook', 'StopAtStepHook', 'CheckpointSaverHook',
+    'CheckpointSaverListener', 'StepCounterHook', 'SummarySaverHook',
+    'NanTensorHook', 'NanLossDuringTrainingError', 'GlobalStepWaiterHook',
+    'FinalOpsHook', 'FeedFnHook', 'ProfilerHook', 'SecondOrStepTimer')
 
 # (owner, attribute, had it, original value), in binding order.
 _bindings = []
@@ -31,22 +42,31 @@ _inserted_modules = []
 
 
 class _Namespace(types.ModuleType):
-  """tpu_fc's names first, then those of the namespace it stands in for."""
+  """tpu_fc's names first, then those of the namespace it stands in for.
 
-  def __init__(self, name, names, fallback=None):
+  `defaults` are tpu_fc's names that only stand in where that namespace has
+  none of its own.
+  """
+
+  def __init__(self, name, names, fallback=None, defaults=None):
     super().__init__(name)
     self.__dict__.update(names)
     self.__dict__['_tpu_fc_fallback'] = fallback
+    self.__dict__['_tpu_fc_defaults'] = dict(defaults or {})
 
   def __getattr__(self, name):
     fallback = self.__dict__['_tpu_fc_fallback']
+    defaults = self.__dict__['_tpu_fc_defaults']
     target = fallback() if fallback is not None else None
-    if target is None or name.startswith('__'):
-      raise AttributeError(
-          'module {!r} has no attribute {!r} (tpu_fc provides: {})'.format(
-              self.__name__, name,
-              ', '.join(sorted(k for k in self.__dict__ if not k.startswith('_')))))
-    return getattr(target, name)
+    if target is not None and not name.startswith('__') and (
+        name not in defaults or hasattr(target, name)):
+      return getattr(target, name)
+    if name in defaults:
+      return defaults[name]
+    provided = [k for k in self.__dict__ if not k.startswith('_')] + list(defaults)
+    raise AttributeError(
+        'module {!r} has no attribute {!r} (tpu_fc provides: {})'.format(
+            self.__name__, name, ', '.join(sorted(provided))))
 
 
 def _attribute_getter(getter, name):
@@ -57,6 +77,15 @@ def _attribute_getter(getter, name):
   return get
 
 
+def _module_getter(module):
+  """A getter of `module` that loads a TF lazy loader by its module's name.
+
+  Loading through the lazy loader itself would bind the loaded module to its
+  parent's attribute, undoing `install()`'s binding there.
+  """
+  return lambda: importlib.import_module(module.__name__)
+
+
 def _existing(owner, name):
   """`owner.name` without triggering a lazy import, or None."""
   return owner.__dict__.get(name) if hasattr(owner, '__dict__') else None
@@ -65,7 +94,7 @@ def _existing(owner, name):
 def _estimator_namespace(name, original):
   """A `tf.estimator`-like namespace with tpu_fc's TPU and mode names."""
   from tpu_fc import estimator  # pylint: disable=g-import-not-at-top  (the driver imports tpu_fc)
-  original_getter = (lambda: original) if original is not None else None
+  original_getter = _module_getter(original) if original is not None else None
   tpu_getter = (_attribute_getter(original_getter, 'tpu')
                 if original_getter else None)
   experimental_getter = (_attribute_getter(tpu_getter, 'experimental')
@@ -86,7 +115,44 @@ def _estimator_namespace(name, original):
                       if original_getter else None)
   return _Namespace(name, dict(
       tpu=tpu, export=export, ModeKeys=estimator.ModeKeys,
-      EstimatorSpec=estimator.EstimatorSpec), original_getter)
+      EstimatorSpec=estimator.EstimatorSpec,
+      train_and_evaluate=_train_and_evaluate(original_getter)),
+                    original_getter, _estimator_defaults())
+
+
+def _estimator_defaults():
+  """`tf.estimator` names for TPUEstimator scripts, where TF has none of its own."""
+  from tpu_fc import estimator  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+  defaults = {name: getattr(tf.compat.v1.train, name)
+              for name in _SESSION_RUN_HOOK_NAMES}
+  defaults.update(
+      TrainSpec=estimator.TrainSpec, EvalSpec=estimator.EvalSpec,
+      Exporter=estimator.Exporter, LatestExporter=estimator.LatestExporter,
+      FinalExporter=estimator.FinalExporter,
+      BestExporter=estimator.BestExporter, RunConfig=estimator.RunConfig,
+      WarmStartSettings=estimator_lib.WarmStartSettings)
+  return defaults
+
+
+def _train_and_evaluate(original_getter):
+  """`train_and_evaluate`: tpu_fc's for its `TPUEstimator`, else the namespace's own.
+
+  TF's own accepts only its own estimators, tpu_fc's only tpu_fc's; where TF
+  has none, tpu_fc's explains that.
+  """
+  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import training  # pylint: disable=g-import-not-at-top
+
+  @functools.wraps(training.train_and_evaluate)
+  def train_and_evaluate(estimator, train_spec, eval_spec):
+    original = original_getter() if original_getter else None
+    if original is not None and not isinstance(estimator,
+                                               estimator_lib.TPUEstimator):
+      return original.train_and_evaluate(estimator, train_spec, eval_spec)
+    return training.train_and_evaluate(estimator, train_spec, eval_spec)
+
+  return train_and_evaluate
 
 
 def _api_modules():

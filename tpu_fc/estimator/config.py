@@ -356,7 +356,8 @@ _KWARG_FIELDS = (
     'save_checkpoints_steps', 'save_checkpoints_secs', 'session_config',
     'keep_checkpoint_max', 'keep_checkpoint_every_n_hours',
     'log_step_count_steps', 'session_creation_timeout_secs',
-    'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas')
+    'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas',
+    'experimental_max_worker_delay_secs')
 # The cluster-role properties: from TF_CONFIG or a parameter-server resolver.
 _CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
                    'evaluation_master', 'is_chief', 'num_ps_replicas',
@@ -387,6 +388,8 @@ _PROPERTY_CHECKS = (
      'session_creation_timeout_secs should be > 0'),
     ('device_fn', lambda v: callable(v) and _fn_args(v) == ('op',),
      'device_fn must be callable with exactly one argument "op".'),
+    ('experimental_max_worker_delay_secs', lambda v: isinstance(v, int),
+     'experimental_max_worker_delay_secs must be an integer if set.'),
 )
 
 
@@ -444,7 +447,8 @@ class RunConfig(object):
                checkpoint_save_graph_def=True,
                device_fn=None,
                protocol=None,
-               sync_replicas=False):
+               sync_replicas=False,
+               experimental_max_worker_delay_secs=None):
     if (save_checkpoints_steps is _USE_DEFAULT and
         save_checkpoints_secs is _USE_DEFAULT):
       save_checkpoints_steps, save_checkpoints_secs = None, 600
@@ -497,6 +501,7 @@ class RunConfig(object):
         device_fn=device_fn,
         protocol=protocol,
         sync_replicas=sync_replicas,
+        experimental_max_worker_delay_secs=experimental_max_worker_delay_secs,
         tpu_config=coerce_tpu_config(tpu_config),
         cluster=cluster,
         **settings)
@@ -516,6 +521,8 @@ class RunConfig(object):
   device_fn = _field('device_fn')
   protocol = _field('protocol')
   sync_replicas = _field('sync_replicas')
+  experimental_max_worker_delay_secs = _field(
+      'experimental_max_worker_delay_secs')
   tpu_config = _field('tpu_config')
   master = _field('master')
   evaluation_master = _field('evaluation_master')

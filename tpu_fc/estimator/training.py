@@ -1,0 +1,474 @@
+"""`train_and_evaluate`, `TrainSpec`, `EvalSpec`: TF 2.15's, for tpu_fc's TPUEstimator.
+
+Same fields, defaults, checks and error texts as `tf.estimator`'s, and the same
+schedule:
+
+* **Locally** (no cluster in `TF_CONFIG`): one `train()` call whose checkpoint
+  listener evaluates every new checkpoint (not the one written at the start)
+  once `throttle_secs` have passed since the last evaluation, and the last
+  checkpoint at the end if it was not evaluated yet; the exporters run after
+  each evaluation, `is_the_final_export` once the global step reaches
+  `max_steps`.  Returns `(eval_result, export_results)` of the last evaluation.
+  `start_delay_secs` is not used locally (nor was it in TF).
+* **In a cluster** (`TF_CONFIG`): the chief and the workers train (a worker
+  first waits `5 s × (task index + 1)`, at most 60 s or
+  `RunConfig.experimental_max_worker_delay_secs`), ps tasks serve, the legacy
+  `master` trains and evaluates as in local mode, and the `evaluator` waits
+  `start_delay_secs`, then evaluates (and exports) each new checkpoint, at most
+  once every `throttle_secs`, until one has reached `max_steps`.
+
+Specs and exporters made with tensorflow_estimator's classes are accepted too,
+so a script may mix TF 2.15's names with tpu_fc's estimator.
+"""
+import collections
+import json
+import os
+import time
+
+from tpu_fc._tf import tf
+from tpu_fc.estimator import distributed
+from tpu_fc.estimator import exporters as exporter_lib
+from tpu_fc.estimator.estimator import TPUEstimator
+
+_MAX_DELAY_SECS = 60
+_DELAY_SECS_PER_WORKER = 5
+_ERROR_LOG_INTERVAL_SECS = 600
+_GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
+_TRAINER_JOBS = ('chief', 'master', 'worker')
+_TENSORFLOW_ESTIMATOR_MODULE = 'tensorflow_estimator.'
+
+
+def _is_tensorflow_estimator_instance(value, class_name):
+  """Whether `value` is an instance of tensorflow_estimator's `class_name`.
+
+  Checked by name, so that tensorflow_estimator is never imported.
+  """
+  return any(cls.__name__ == class_name and
+             cls.__module__.startswith(_TENSORFLOW_ESTIMATOR_MODULE)
+             for cls in type(value).__mro__)
+
+
+def _is_exporter(value):
+  return (isinstance(value, exporter_lib.Exporter) or
+          _is_tensorflow_estimator_instance(value, 'Exporter'))
+
+
+def _validate_input_fn(input_fn):
+  if not callable(input_fn):
+    raise TypeError('`input_fn` must be callable, given: {}'.format(input_fn))
+
+
+def _validate_hooks(hooks):
+  hooks = tuple(hooks or [])
+  for hook in hooks:
+    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
+      raise TypeError(
+          'All hooks must be `SessionRunHook` instances, given: {}'.format(
+              hook))
+  return hooks
+
+
+def _validate_saving_listeners(saving_listeners):
+  saving_listeners = tuple(saving_listeners or [])
+  for saving_listener in saving_listeners:
+    if not isinstance(saving_listener,
+                      tf.compat.v1.train.CheckpointSaverListener):
+      raise TypeError(
+          'All saving_listeners must be `CheckpointSaverListener` instances, '
+          'given: {}'.format(saving_listener))
+  return saving_listeners
+
+
+def _validate_exporters(exporters):
+  """`exporters` as a tuple: one `Exporter`, an iterable of them, or None."""
+  if not exporters:
+    return ()
+  if _is_exporter(exporters):
+    exporters = [exporters]
+  unique_names = []
+  try:
+    for exporter in exporters:
+      if not _is_exporter(exporter):
+        raise TypeError  # reported below, as for a non-iterable
+      if not exporter.name:
+        raise ValueError('An Exporter cannot have a name that is `None` or'
+                         ' empty. All exporter names:'
+                         ' {}'.format([e.name for e in exporters]))
+      if not isinstance(exporter.name, str):
+        raise ValueError('An Exporter must have a string name. Given: '
+                         '{}'.format(type(exporter.name)))
+      if exporter.name in unique_names:
+        raise ValueError(
+            '`exporters` must have unique names. Such a name cannot be `None`.'
+            ' All exporter names: {}'.format([e.name for e in exporters]))
+      unique_names.append(exporter.name)
+  except TypeError:
+    raise TypeError('`exporters` must be an Exporter,'  # pylint: disable=raise-missing-from
+                    ' an iterable of Exporter, or `None`,'
+                    ' found %s.' % exporters)
+  return tuple(exporters)
+
+
+class TrainSpec(
+    collections.namedtuple(
+        'TrainSpec', ['input_fn', 'max_steps', 'hooks', 'saving_listeners'])):
+  """The training part of `train_and_evaluate` (`tf.estimator.TrainSpec`).
+
+  `max_steps` is the only stop condition (None: train forever); `hooks` run on
+  every training task, `saving_listeners` on the chief.
+  """
+
+  def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
+    _validate_input_fn(input_fn)
+    if max_steps is not None and max_steps <= 0:
+      raise ValueError(
+          'Must specify max_steps > 0, given: {}'.format(max_steps))
+    return super(TrainSpec, cls).__new__(
+        cls, input_fn=input_fn, max_steps=max_steps,
+        hooks=_validate_hooks(hooks),
+        saving_listeners=_validate_saving_listeners(saving_listeners))
+
+
+class EvalSpec(
+    collections.namedtuple('EvalSpec', [
+        'input_fn', 'steps', 'name', 'hooks', 'exporters', 'start_delay_secs',
+        'throttle_secs'
+    ])):
+  """The evaluation and export part of `train_and_evaluate` (`tf.estimator.EvalSpec`).
+
+  `steps` batches per evaluation (None: until input ends), summaries under
+  `eval_<name>`, `exporters` run after each evaluation, evaluations at least
+  `throttle_secs` apart; `start_delay_secs` delays the evaluator task.
+  """
+
+  def __new__(cls,
+              input_fn,
+              steps=100,
+              name=None,
+              hooks=None,
+              exporters=None,
+              start_delay_secs=120,
+              throttle_secs=600):
+    _validate_input_fn(input_fn)
+    if steps is not None and steps <= 0:
+      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
+    if name is not None and not isinstance(name, str):
+      raise TypeError('`name` must be string, given: {}'.format(name))
+    hooks = _validate_hooks(hooks)
+    exporters = _validate_exporters(exporters)
+    if start_delay_secs < 0:
+      raise ValueError('Must specify start_delay_secs >= 0, given: {}'.format(
+          start_delay_secs))
+    if throttle_secs < 0:
+      raise ValueError(
+          'Must specify throttle_secs >= 0, given: {}'.format(throttle_secs))
+    return super(EvalSpec, cls).__new__(
+        cls, input_fn=input_fn, steps=steps, name=name, hooks=hooks,
+        exporters=exporters, start_delay_secs=start_delay_secs,
+        throttle_secs=throttle_secs)
+
+
+def _as_spec(spec, spec_class, error):
+  """`spec` as tpu_fc's `spec_class` (also from tensorflow_estimator's), else `error`."""
+  if isinstance(spec, spec_class):
+    return spec
+  if _is_tensorflow_estimator_instance(spec, spec_class.__name__):
+    return spec_class(**spec._asdict())
+  raise TypeError(error.format(type(spec)))
+
+
+def _eval_spec(eval_spec):
+  return _as_spec(eval_spec, EvalSpec,
+                  '`eval_spec` must have type `tf.estimator.EvalSpec`. '
+                  'Got: {}')
+
+
+def train_and_evaluate(estimator, train_spec, eval_spec):
+  """Trains, evaluates and exports `estimator` (a `TPUEstimator`) as TF 2.15 did.
+
+  See the module doc for the schedule.  Returns `(eval_result,
+  export_results)` of the last evaluation locally (both None when training
+  had already reached `max_steps`), None on the tasks of a cluster.
+  """
+  eval_spec = _eval_spec(eval_spec)
+  executor = _TrainingExecutor(estimator, train_spec, eval_spec)
+  config = estimator.config
+  if config.task_type == 'evaluator' and config.task_id > 0:
+    raise ValueError(
+        'For distributed training, there can only be one `evaluator` task '
+        '(with task id 0).  Given task id {}'.format(config.task_id))
+  return executor.run()
+
+
+class _EvalStatus(object):
+  """What an evaluation attempt found."""
+  EVALUATED = 'evaluated'
+  MISSING_CHECKPOINT = 'missing checkpoint'
+  NO_NEW_CHECKPOINT = 'no new checkpoint'
+
+
+_EvalResult = collections.namedtuple('EvalResult',
+                                     ['status', 'metrics', 'checkpoint_path'])
+_EvalResult.__new__.__defaults__ = (None, None)
+
+
+class _Evaluator(object):
+  """Evaluates the latest checkpoint, if it is new, and runs the exporters."""
+
+  def __init__(self, estimator, eval_spec, max_training_steps):
+    self._estimator = estimator
+    self._eval_spec = eval_spec
+    self._max_training_steps = max_training_steps
+    self._previous_checkpoint_path = None
+    self._last_warning_time = 0
+
+  def evaluate_and_export(self):
+    """Returns (`_EvalResult`, export results)."""
+    checkpoint_path = self._estimator.latest_checkpoint()
+    if not checkpoint_path:
+      self._log_err_msg('Estimator is not trained yet. Will start an '
+                        'evaluation when a checkpoint is ready.')
+      return _EvalResult(_EvalStatus.MISSING_CHECKPOINT), []
+    if checkpoint_path == self._previous_checkpoint_path:
+      self._log_err_msg(
+          'No new checkpoint ready for evaluation. Skip the current '
+          'evaluation pass as evaluation results are expected to be same '
+          'for the same checkpoint.')
+      return _EvalResult(_EvalStatus.NO_NEW_CHECKPOINT), []
+    metrics = self._estimator.evaluate(
+        input_fn=self._eval_spec.input_fn, steps=self._eval_spec.steps,
+        name=self._eval_spec.name, checkpoint_path=checkpoint_path,
+        hooks=self._eval_spec.hooks)
+    eval_result = _EvalResult(_EvalStatus.EVALUATED, metrics, checkpoint_path)
+    is_the_final_export = bool(
+        self._max_training_steps and
+        metrics[_GLOBAL_STEP] >= self._max_training_steps)
+    export_results = self._export(eval_result, is_the_final_export)
+    self._last_warning_time = 0
+    self._previous_checkpoint_path = checkpoint_path
+    return eval_result, export_results
+
+  def _log_err_msg(self, message):
+    """Warns with `message`, at most once every 10 minutes."""
+    now = time.time()
+    if now - self._last_warning_time > _ERROR_LOG_INTERVAL_SECS:
+      tf.compat.v1.logging.warning(message)
+      self._last_warning_time = now
+
+  def _export(self, eval_result, is_the_final_export):
+    export_dir_base = os.path.join(
+        tf.compat.as_str_any(self._estimator.model_dir), 'export')
+    return [
+        exporter.export(
+            estimator=self._estimator,
+            export_path=os.path.join(export_dir_base, exporter.name),
+            checkpoint_path=eval_result.checkpoint_path,
+            eval_result=eval_result.metrics,
+            is_the_final_export=is_the_final_export)
+        for exporter in self._eval_spec.exporters]
+
+
+class _NewCheckpointListenerForEvaluate(
+    tf.compat.v1.train.CheckpointSaverListener):
+  """Evaluates new checkpoints during training, at most every `throttle_secs`."""
+
+  def __init__(self, evaluator, eval_throttle_secs):
+    self._evaluator = evaluator
+    self._eval_throttle_secs = eval_throttle_secs
+    self.eval_result, self.export_results = None, None
+
+  def begin(self):
+    self._timer = tf.compat.v1.train.SecondOrStepTimer(
+        every_secs=self._eval_throttle_secs)
+    self._is_first_run = True
+
+  def after_save(self, session, global_step_value):
+    del session
+    if self._is_first_run:  # the checkpoint of the untrained (or restored) model
+      self._is_first_run = False
+      return
+    if self._timer.should_trigger_for_step(global_step_value):
+      self._evaluate(global_step_value)
+    else:
+      tf.compat.v1.logging.info(
+          'Skip the current checkpoint eval due to throttle secs '
+          '({} secs).'.format(self._eval_throttle_secs))
+
+  def end(self, session, global_step_value):
+    del session
+    if global_step_value != self._timer.last_triggered_step():
+      self._evaluate(global_step_value)
+
+  def _evaluate(self, global_step_value):
+    self._timer.update_last_triggered_step(global_step_value)
+    eval_result, self.export_results = self._evaluator.evaluate_and_export()
+    if eval_result.status != _EvalStatus.EVALUATED:
+      raise RuntimeError('There was no new checkpoint after the training. '
+                         'Eval status: {}'.format(eval_result.status))
+    self.eval_result = eval_result
+
+
+class _TrainingExecutor(object):
+  """Runs this task's part of `train_and_evaluate`, chosen by `config.task_type`."""
+
+  def __init__(self, estimator, train_spec, eval_spec):
+    if not isinstance(estimator, TPUEstimator):
+      raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
+                      '(here: tpu_fc.TPUEstimator). Got: {}'.format(
+                          type(estimator)))
+    self._estimator = estimator
+    self._train_spec = _as_spec(
+        train_spec, TrainSpec,
+        '`train_spec` must have type `tf.estimator.TrainSpec`. Got: {}')
+    self._eval_spec = eval_spec
+    self._runners = {
+        'chief': self._run_chief,
+        'evaluator': self._run_evaluator,
+        'master': self._run_master,
+        'ps': self._run_ps,
+        'worker': self._run_worker,
+    }
+
+  def run(self):
+    config = self._estimator.config
+    if not config.cluster_spec and config.task_type != 'evaluator':
+      tf.compat.v1.logging.info(
+          'Running training and evaluation locally (non-distributed).')
+      return self._run_local()
+    if not config.task_type:
+      raise ValueError(
+          '`estimator.config` must have task_type set. This usually means '
+          'TF_CONFIG environment is not set correctly.')
+    if config.task_type == 'local':
+      raise ValueError(
+          '`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and '
+          '`task` properties in TF_CONFIG absent triggers train and evaluate '
+          '`Estimator` locally (non-distributed).')
+    if config.task_type not in self._runners:
+      raise ValueError(
+          'Task type {} is not supported. Supported task types are {}'.format(
+              config.task_type, list(self._runners)))
+    self._runners[config.task_type]()
+    return None
+
+  def _evaluating_listener(self):
+    evaluator = _Evaluator(self._estimator, self._eval_spec,
+                           self._train_spec.max_steps)
+    return _NewCheckpointListenerForEvaluate(evaluator,
+                                             self._eval_spec.throttle_secs)
+
+  def _run_local(self):
+    tf.compat.v1.logging.info(
+        'Start train and evaluate loop. The evaluate will happen '
+        'after every checkpoint. Checkpoint frequency is determined '
+        'based on RunConfig arguments: save_checkpoints_steps {} or '
+        'save_checkpoints_secs {}.'.format(
+            self._estimator.config.save_checkpoints_steps,
+            self._estimator.config.save_checkpoints_secs))
+    listener = self._evaluating_listener()
+    self._estimator.train(
+        input_fn=self._train_spec.input_fn,
+        max_steps=self._train_spec.max_steps,
+        hooks=list(self._train_spec.hooks),
+        saving_listeners=self._train_spec.saving_listeners + (listener,))
+    metrics = listener.eval_result.metrics if listener.eval_result else None
+    return metrics, listener.export_results
+
+  def _run_chief(self):
+    self._train_in_cluster(self._train_spec.saving_listeners)
+
+  def _run_worker(self):
+    self._train_in_cluster(())
+
+  def _run_master(self):
+    """The legacy layout's chief: trains, and evaluates as in local mode."""
+    self._train_in_cluster(self._train_spec.saving_listeners +
+                           (self._evaluating_listener(),))
+
+  def _run_ps(self):
+    _start_std_server(self._estimator.config).join()
+
+  def _train_in_cluster(self, saving_listeners):
+    config = self._estimator.config
+    if not _is_google_env():
+      _start_std_server(config)
+    if config.task_type == 'worker':
+      max_delay_secs = _MAX_DELAY_SECS
+      if config.experimental_max_worker_delay_secs is not None:
+        max_delay_secs = int(config.experimental_max_worker_delay_secs)
+      start_delay_secs = min(max_delay_secs,
+                             (config.task_id + 1) * _DELAY_SECS_PER_WORKER)
+      if start_delay_secs > 0:
+        tf.compat.v1.logging.info('Waiting %d secs before starting training.',
+                                  start_delay_secs)
+        time.sleep(start_delay_secs)
+    self._estimator.train(
+        input_fn=self._train_spec.input_fn,
+        max_steps=self._train_spec.max_steps,
+        hooks=list(self._train_spec.hooks), saving_listeners=saving_listeners)
+
+  def _run_evaluator(self):
+    """Evaluates each new checkpoint until one has reached max_steps."""
+    start_delay_secs = self._eval_spec.start_delay_secs
+    if start_delay_secs:
+      tf.compat.v1.logging.info('Waiting %f secs before starting eval.',
+                                start_delay_secs)
+      time.sleep(start_delay_secs)
+    evaluator = _Evaluator(self._estimator, self._eval_spec,
+                           self._train_spec.max_steps)
+    max_steps = self._train_spec.max_steps
+    while True:
+      start = time.time()
+      eval_result, _ = evaluator.evaluate_and_export()
+      if eval_result.status == _EvalStatus.EVALUATED:
+        global_step = eval_result.metrics.get(_GLOBAL_STEP)
+        if global_step and max_steps and global_step >= max_steps:
+          tf.compat.v1.logging.info(
+              'Exiting evaluation, global_step=%s >= train max_steps=%s',
+              global_step, max_steps)
+          return
+      self._throttle(start, eval_result)
+
+  def _throttle(self, start, eval_result):
+    throttle_secs = self._eval_spec.throttle_secs
+    difference = throttle_secs - (time.time() - start)
+    if difference > 0:
+      tf.compat.v1.logging.info(
+          'Waiting %f secs before starting next eval run.', difference)
+      time.sleep(difference)
+    elif throttle_secs == 0 and eval_result.status != _EvalStatus.EVALUATED:
+      tf.compat.v1.logging.warning(
+          'EvalSpec.throttle_secs is set as 0. This might overload the job '
+          'before finding (next) new checkpoint. Please consider to increase '
+          'it.')
+
+
+def _is_google_env():
+  """Whether TF_CONFIG says the cluster manager starts the servers."""
+  tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
+  if not tf_config:
+    tf.compat.v1.logging.warn(
+        'TF_CONFIG should not be empty in distributed environment.')
+  return tf_config.get('environment') == 'google'
+
+
+def _start_std_server(config):
+  """This task's server (shared with the estimator's), as Estimator started it."""
+  if (not config.cluster_spec or not config.task_type or
+      config.task_id is None):
+    raise RuntimeError('Could not start server; be sure to specify '
+                       'cluster_spec, task_type, and task in '
+                       'RunConfig or set the TF_CONFIG environment variable.')
+  if not config.master:
+    jobs = config.cluster_spec.jobs
+    if (len(jobs) == 1 and len(config.cluster_spec.job_tasks(jobs[0])) == 1 and
+        config.task_type in _TRAINER_JOBS):
+      tf.compat.v1.logging.info(
+          'Skip starting Tensorflow server as there is only one '
+          'node in the cluster.')
+      return None
+    raise RuntimeError(
+        'Could not start server; be sure to specify master in '
+        'RunConfig or set the TF_CONFIG environment variable.')
+  tf.compat.v1.logging.info('Start Tensorflow server.')
+  return distributed.server(config)
