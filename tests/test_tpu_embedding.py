@@ -130,7 +130,8 @@ def _graph_mode_model_fn(features, labels):
   """A legacy model_fn's core: v1 layer, loss, optimizer minimize over collections."""
   logits = tf.compat.v1.layers.dense(features, 1)
   loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
-  train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss)
+  # (small enough a rate that every step lowers this loss)
+  train_op = tf.compat.v1.train.AdagradOptimizer(0.01).minimize(loss)
   with tf.control_dependencies([train_op]):
     return tf.identity(loss)
 
