@@ -178,6 +178,44 @@ def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
                               tmp_path, steps=2)
 
 
+def eval_events(eval_dir):
+  """{global step: scalar metrics} of the evaluations written to `eval_dir`."""
+  evaluations = {}
+  for event_file in tf.io.gfile.glob(os.path.join(eval_dir, '*.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(event_file):
+      values = {v.tag: v.simple_value for v in event.summary.value
+                if v.HasField('simple_value')}
+      if 'loss' in values:
+        evaluations[event.step] = values
+  return evaluations
+
+
+def test_evaluator_task_evaluates_new_checkpoints_and_exports(tmp_path):
+  """train_and_evaluate on a ps, the chief and an evaluator task (emulated TPU).
+
+  The evaluator evaluates checkpoints until the last one, exporting each, and
+  its last result is that checkpoint's evaluation on one host.
+  """
+  model_dir = tmp_path / 'model'
+  result = cluster.LocalCluster(
+      SCRIPT, ['--model_dir', str(model_dir), '--use_tpu',
+               '--train_and_evaluate'], num_ps=1, num_workers=0,
+      evaluator=True, log_dir=str(tmp_path / 'logs'),
+      timeout=TIMEOUT_SECS).run()
+  assert sorted(result.logs) == [('chief', 0), ('evaluator', 0), ('ps', 0)]
+  evaluations = eval_events(model_dir / 'eval')
+  state = tf.train.get_checkpoint_state(str(model_dir))
+  checkpoint_steps = {int(path.rsplit('-', 1)[1])
+                      for path in state.all_model_checkpoint_paths}
+  max_steps = _checkpoint_step(model_dir)
+  assert max(evaluations) == max_steps and set(evaluations) <= checkpoint_steps
+  assert len(os.listdir(model_dir / 'export' / 'latest')) == len(evaluations)
+  want = cluster_model.estimator(str(model_dir), use_tpu=True).evaluate(
+      cluster_model.eval_input_fn, steps=1)
+  np.testing.assert_allclose(evaluations[max_steps]['loss'], want['loss'],
+                             **TOL)
+
+
 def _resolver(spec, job, index):
   return tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(spec), task_type=job, task_id=index)

@@ -99,11 +99,15 @@ def _cluster(args):
 def _add_cluster_command(commands):
   cluster = commands.add_parser(
       'cluster', help='run a script as a parameter-server cluster on this '
-      'machine: ps tasks, a chief and workers on 127.0.0.1',
-      usage='%(prog)s [--ps N] [--workers M] [options] -- SCRIPT.py [ARGS...]')
+      'machine: ps tasks, a chief, workers and an evaluator on 127.0.0.1',
+      usage='%(prog)s [--ps N] [--workers M] [--evaluator] [options] -- '
+      'SCRIPT.py [ARGS...]')
   cluster.add_argument('--ps', type=int, default=1, help='ps tasks (default 1)')
   cluster.add_argument('--workers', type=int, default=1,
                        help='workers besides the chief (default 1)')
+  cluster.add_argument('--evaluator', action='store_true',
+                       help="also run an evaluator task (train_and_evaluate's "
+                       'continuous evaluation)')
   cluster.add_argument('--log_dir', default=None,
                        help='where each task writes <job>-<index>.log '
                        '(default: a temporary dir)')

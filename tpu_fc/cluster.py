@@ -1,15 +1,20 @@
-"""A parameter-server cluster on this machine: `tpu-fc cluster --ps N --workers M -- SCRIPT.py`.
+"""A parameter-server cluster on this machine: `tpu-fc cluster --ps N --workers M [--evaluator] -- SCRIPT.py`.
 
-Starts one process per task (the chief, M workers, N ps tasks) on 127.0.0.1 with
-free ports, each running the script through `python -m tpu_fc run` with its own
-`TF_CONFIG`, as a cluster manager would; TF's runtime does the rest (see
-`tpu_fc.estimator.distributed`).  Supervision, as Estimator's cluster managers did:
+Starts one process per task (the chief, M workers, N ps tasks, and with
+`--evaluator` an `evaluator` task) on 127.0.0.1 with free ports, each running
+the script through `python -m tpu_fc run` with its own `TF_CONFIG`, as a cluster
+manager would; TF's runtime does the rest (see `tpu_fc.estimator.distributed`).
+The evaluator is not part of the cluster spec (as in Estimator): it reads the
+checkpoints from model_dir, `train_and_evaluate`'s continuous evaluation.
+Supervision, as Estimator's cluster managers did:
 
-* a worker that dies (killed by a signal) is restarted and rejoins;
+* a worker or the evaluator that dies (killed by a signal) is restarted, and
+  rejoins or evaluates the latest checkpoint;
 * the chief dying restarts the whole job, which resumes from the last checkpoint;
 * a ps task dying stops the job with an error (rerun it to resume from the last
   checkpoint); so does any task exiting with an error status;
-* the job is done when the chief and every worker exited 0; the ps tasks are
+* the job is done when the chief, every worker and the evaluator (which
+  returns after evaluating the final checkpoint) exited 0; the ps tasks are
   then stopped.  Every process is stopped on the way out, whatever happens
   (its own process group: SIGTERM, then SIGKILL), and the whole run is bounded
   by `timeout`.
@@ -116,14 +121,17 @@ def _exit_description(returncode):
 
 
 class LocalCluster:
-  """ps tasks, a chief and workers running `script` on loopback; see the module doc.
+  """ps tasks, a chief, workers and an optional evaluator running `script` on loopback.
+
+  See the module doc.
 
   Use as a context manager (every process is stopped on exit), or call `run()`.
   `kill(job, index)` kills one task's process (as a crash would), for fault drills.
   """
 
   def __init__(self, script, script_args=(), num_ps=1, num_workers=1,
-               log_dir=None, timeout=None, max_restarts=3, env=None):
+               log_dir=None, timeout=None, max_restarts=3, env=None,
+               evaluator=False):
     if num_ps < 1:
       raise ValueError('A parameter-server cluster needs --ps >= 1, got '
                        '{}.'.format(num_ps))
@@ -132,6 +140,7 @@ class LocalCluster:
     self._command = [sys.executable, '-m', 'tpu_fc', 'run', script] + list(
         script_args)
     self._num_ps, self._num_workers = num_ps, num_workers
+    self._evaluator = evaluator
     self.log_dir = log_dir or tempfile.mkdtemp(prefix='tpu_fc_cluster_')
     os.makedirs(self.log_dir, exist_ok=True)
     self._timeout = timeout
@@ -152,18 +161,21 @@ class LocalCluster:
     spec = cluster_spec(self._num_ps, self._num_workers)
     restarts = {(t.job, t.index): t.restarts for t in self._tasks}
     self._tasks = []
-    for job in ('ps', 'chief', 'worker'):
-      for index in range(len(spec.get(job, ()))):
-        env = dict(self._env, TF_CONFIG=json.dumps(
-            {'cluster': spec, 'task': {'type': job, 'index': index}}))
-        task = _Task(job, index, self._command, env, os.path.join(
-            self.log_dir, '{}-{}.log'.format(job, index)))
-        task.restarts = restarts.get((job, index), 0)
-        task.start()
-        self._tasks.append(task)
+    tasks = [(job, index) for job in ('ps', 'chief', 'worker')
+             for index in range(len(spec.get(job, ())))]
+    if self._evaluator:
+      tasks.append(('evaluator', 0))
+    for job, index in tasks:
+      env = dict(self._env, TF_CONFIG=json.dumps(
+          {'cluster': spec, 'task': {'type': job, 'index': index}}))
+      task = _Task(job, index, self._command, env, os.path.join(
+          self.log_dir, '{}-{}.log'.format(job, index)))
+      task.restarts = restarts.get((job, index), 0)
+      task.start()
+      self._tasks.append(task)
 
   def stop(self):
-    """Stops every task still running (trainers first, ps tasks last)."""
+    """Stops every task still running (the evaluator and trainers first, ps tasks last)."""
     for task in reversed(self._tasks):
       task.stop()
 
@@ -182,7 +194,7 @@ class LocalCluster:
             task.describe(), what, task.log_path, task.log_tail()))
 
   def _restart(self, task, returncode):
-    """Restarts a killed trainer (the chief: the whole job), within max_restarts."""
+    """Restarts a killed task (the chief: the whole job), within max_restarts."""
     if task.restarts >= self._max_restarts:
       self._fail(task, '{} after {} restarts'.format(
           _exit_description(returncode), task.restarts))
@@ -206,7 +218,7 @@ class LocalCluster:
     """
     deadline = None if self._timeout is None else time.monotonic() + self._timeout
     while True:
-      trainers_done = True
+      done = True  # the chief, the workers and the evaluator
       for task in list(self._tasks):
         returncode = task.process.poll() if task.process else 0
         if task.job == 'ps':
@@ -214,14 +226,14 @@ class LocalCluster:
             self._fail(task, _exit_description(returncode))
           continue
         if returncode is None:
-          trainers_done = False
+          done = False
         elif returncode < 0:
           self._restart(task, returncode)
-          trainers_done = False
+          done = False
           break  # the task list may have been rebuilt
         elif returncode > 0:
           self._fail(task, _exit_description(returncode))
-      if trainers_done:
+      if done:
         return ClusterResult(
             restarts={(t.job, t.index): t.restarts for t in self._tasks},
             job_restarts=self.job_restarts,
@@ -242,11 +254,13 @@ def main(args):
   try:
     cluster = LocalCluster(args.script, args.script_args, num_ps=args.ps,
                            num_workers=args.workers, log_dir=args.log_dir,
-                           timeout=args.timeout, max_restarts=args.max_restarts)
+                           timeout=args.timeout, max_restarts=args.max_restarts,
+                           evaluator=args.evaluator)
   except ValueError as error:
     raise SystemExit('tpu-fc cluster: {}'.format(error)) from error
-  print('tpu_fc cluster: {} ps, a chief and {} workers; logs in {}'.format(
-      args.ps, args.workers, cluster.log_dir), file=sys.stderr, flush=True)
+  print('tpu_fc cluster: {} ps, a chief, {} workers{}; logs in {}'.format(
+      args.ps, args.workers, ', an evaluator' if args.evaluator else '',
+      cluster.log_dir), file=sys.stderr, flush=True)
 
   def stop_on_signal(signum, frame):
     del frame

@@ -1,12 +1,15 @@
 """A TPUEstimator job for parameter-server cluster tests, run by every task.
 
-`python -m tpu_fc cluster --ps 2 --workers 1 -- cluster_model.py --model_dir D
-[--use_tpu] [--sync] [--die_at_step K [--die_task chief]] [--slow_chief_secs S]`.  One embedding table: on the emulated
+`python -m tpu_fc cluster --ps 2 --workers 1 [--evaluator] -- cluster_model.py --model_dir D
+[--use_tpu] [--sync] [--die_at_step K [--die_task chief]] [--slow_chief_secs S]
+[--train_and_evaluate]`.  One embedding table: on the emulated
 embedding core (`--use_tpu`) or a feature-column table trained by the model's
 optimizer (use_tpu=False).  Every input is a function of the global step and the
 task's replica index, so a replica that restarts reads what it would have read,
 and a single host with batch `replicas * BATCH` reads the union of the replicas'
 batches.  The chief writes the variables' devices and its losses to model_dir.
+With `--train_and_evaluate` every task runs `tpu_fc.train_and_evaluate`: the
+evaluator evaluates `eval_input_fn` on each new checkpoint and exports it.
 """
 import argparse
 import json
@@ -67,6 +70,17 @@ def input_fn(params, config):
   return examples(first, params['batch_size'])
 
 
+def eval_input_fn(params):
+  """The first `batch_size` examples, whatever the task."""
+  return examples(0, params['batch_size'])
+
+
+def serving_input_receiver_fn():
+  return tpu_fc.export.build_parsing_serving_input_receiver_fn(
+      tf.feature_column.make_parse_example_spec(
+          [embedding_column(), tf.feature_column.numeric_column('x')]))()
+
+
 def slow_step(seconds):
   """An op that sleeps: a chief with more work per step than its workers."""
   def sleep():
@@ -81,6 +95,8 @@ def model_fn(features, labels, mode, params, config):
   logits = tf.compat.v1.layers.dense(
       inputs, 1, kernel_initializer=tf.compat.v1.constant_initializer(
           [[0.3], [-0.2], [0.1]]))
+  if mode == tpu_fc.ModeKeys.PREDICT:
+    return tpu_fc.TPUEstimatorSpec(mode, predictions={'prediction': logits})
   loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
   optimizer = tf.compat.v1.train.AdagradOptimizer(LEARNING_RATE)
   if params['use_tpu']:
@@ -99,7 +115,7 @@ def estimator(model_dir, use_tpu, batch_size=BATCH, sync=False,
       keep_checkpoint_max=50, sync_replicas=sync)
   return tpu_fc.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=batch_size,
-      config=config, embedding_config_spec=spec(),
+      eval_batch_size=BATCH, config=config, embedding_config_spec=spec(),
       params={'slow_chief_secs': slow_chief_secs})
 
 
@@ -152,6 +168,8 @@ def main():
   parser.add_argument('--die_task', default='worker', choices=('chief', 'worker'))
   parser.add_argument('--slow_chief_secs', type=float, default=0.0,
                       help='the chief sleeps this long after sending gradients')
+  parser.add_argument('--train_and_evaluate', action='store_true',
+                      help='run train_and_evaluate (an evaluator evaluates)')
   args = parser.parse_args()
   tf.get_logger().setLevel('INFO')
   job = estimator(args.model_dir, args.use_tpu, sync=args.sync,
@@ -162,7 +180,14 @@ def main():
   if (job.config.task_type == args.die_task and args.die_at_step is not None and
       os.environ.get(cluster.RESTART_COUNT_ENV) == '0'):
     hooks.append(DieOnceHook(args.die_at_step))
-  job.train(input_fn, hooks=hooks, max_steps=args.max_steps)
+  if args.train_and_evaluate:
+    tpu_fc.train_and_evaluate(
+        job, tpu_fc.TrainSpec(input_fn, max_steps=args.max_steps, hooks=hooks),
+        tpu_fc.EvalSpec(eval_input_fn, steps=1, exporters=tpu_fc.LatestExporter(
+            'latest', serving_input_receiver_fn), start_delay_secs=0,
+                        throttle_secs=1))
+  else:
+    job.train(input_fn, hooks=hooks, max_steps=args.max_steps)
 
 
 if __name__ == '__main__':
