@@ -101,9 +101,10 @@ class Driver:
 
   def __init__(self, library):
     ours = library == 'tpu_fc'
-    self.TPUEstimator = tpu_fc.TPUEstimator if ours else tf.compat.v1.estimator.tpu.TPUEstimator
-    self.RunConfig = tpu_fc.RunConfig if ours else tf.compat.v1.estimator.tpu.RunConfig
+    tpu_namespace = tpu_fc if ours else tf.compat.v1.estimator.tpu
     namespace = tpu_fc if ours else tf.compat.v1.estimator
+    for name in ('TPUEstimator', 'RunConfig'):
+      setattr(self, name, getattr(tpu_namespace, name))
     for name in ('train_and_evaluate', 'TrainSpec', 'EvalSpec',
                  'LatestExporter', 'FinalExporter', 'BestExporter'):
       setattr(self, name, getattr(namespace, name))
@@ -119,6 +120,11 @@ def exporters(driver, case):
                               event_file_pattern='eval_holdout/*.tfevents.*')]
 
 
+def _files_under(directory):
+  return sorted(os.path.relpath(os.path.join(root, f), directory)
+                for root, _, files in os.walk(directory) for f in files)
+
+
 def export_structure(model_dir):
   """{exporter: sorted files of each export, the timestamp left out}."""
   base = os.path.join(model_dir, 'export')
@@ -127,9 +133,7 @@ def export_structure(model_dir):
   structure = {}
   for name in sorted(os.listdir(base)):
     structure[name] = [
-        sorted(os.path.relpath(os.path.join(root, f), os.path.join(base, name, export))
-               for root, _, files in os.walk(os.path.join(base, name, export))
-               for f in files)
+        _files_under(os.path.join(base, name, export))
         for export in sorted(os.listdir(os.path.join(base, name)))]
   return structure
 
@@ -156,7 +160,7 @@ def run_train_and_evaluate(library, model_dir, case):
           None if path is None else os.path.relpath(
               os.path.dirname(path.decode()), str(model_dir))
           for path in export_results],
-      newest_exports_returned=all(
+      returned_exports_exist=all(
           path is None or os.path.isdir(path) for path in export_results),
       train_sessions=train_hook.sessions, evaluations=eval_hook.sessions,
       exports=export_structure(str(model_dir)))
@@ -188,7 +192,7 @@ def test_same_evaluations_results_and_exports_as_tf_2_15(tmp_path, case):
                                err_msg=name)
   assert got['export_results'] == want['export_results']
   assert got['exports'] == want['exports']
-  assert got['newest_exports_returned'] and want['newest_exports_returned']
+  assert got['returned_exports_exist'] and want['returned_exports_exist']
   assert len(want['evaluations']) > 1  # the case does evaluate more than once
 
 
@@ -301,7 +305,7 @@ def test_bad_input_gets_tf_2_15_errors(case):
     assert got == outcome(call, tf.compat.v1.estimator)
 
 
-def test_train_and_evaluate_takes_only_tpu_fc_estimators(tmp_path):
+def test_train_and_evaluate_takes_only_tpu_fc_estimators():
   with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
                      r' \(here: tpu_fc.TPUEstimator\)'):
     tpu_fc.train_and_evaluate(object(), tpu_fc.TrainSpec(input_fn),
