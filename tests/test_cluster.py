@@ -336,6 +336,15 @@ def test_run_config_of_a_ps_cluster_filters_devices_as_estimator(monkeypatch):
   assert config.replace(sync_replicas=True).sync_replicas
 
 
+def test_train_on_an_evaluator_task_is_an_error_as_in_tf(monkeypatch, tmp_path):
+  monkeypatch.setenv('TF_CONFIG', json.dumps(
+      {'cluster': CLUSTER, 'task': {'type': 'evaluator', 'index': 0}}))
+  job = cluster_model.estimator(str(tmp_path), use_tpu=False)
+  with pytest.raises(ValueError, match='Train has been called wrong '
+                     'configuration. Please use tf.estimator.train_and_evaluate'):
+    job.train(cluster_model.input_fn, max_steps=1)
+
+
 def test_cluster_command_line(tmp_path):
   """`tpu-fc cluster` parses its options and the script's arguments after `--`."""
   from tpu_fc import __main__ as cli  # pylint: disable=g-import-not-at-top

@@ -444,8 +444,16 @@ class TPUEstimator(object):
     """Trains from the latest checkpoint in model_dir (or from scratch).
 
     `steps` more steps, up to global step `max_steps`, or until input ends.
-    On a ps task of a cluster, serves variables instead, until stopped.
+    On a ps task of a cluster, serves variables instead, until stopped (where
+    TF raised, so that one script can run on every task); on an evaluator
+    task, raises as TF did (`train_and_evaluate` evaluates there).
     """
+    if self._config.task_type == 'evaluator':
+      raise ValueError(
+          'Train has been called wrong configuration. Please use '
+          'tf.estimator.train_and_evaluate which calls proper API according '
+          'to given configuration. Current configuration: {}.'.format(
+              self.config))
     if self._config.task_type == 'ps':
       distributed.join(self._config)
     self._start_cluster_server()
