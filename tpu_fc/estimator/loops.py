@@ -4,6 +4,8 @@ Each takes the `EstimatorSpec` the driver built in the default graph, adds
 Estimator's bookkeeping (loss summary and metric, Saver, standard hooks) and
 runs a `MonitoredSession`. No model code is built here.
 """
+import contextlib
+
 import numpy as np
 from google.protobuf import message
 
@@ -74,7 +76,8 @@ def train(spec, hooks, saving_listeners, config, log_step_count_steps):
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
-  with tf.compat.v1.train.MonitoredTrainingSession(
+  with _hooks_fetching_loop_tensors_explained(), \
+      tf.compat.v1.train.MonitoredTrainingSession(
       master=config.master,
       is_chief=config.is_chief,
       checkpoint_dir=config.model_dir,
@@ -96,6 +99,27 @@ def train(spec, hooks, saving_listeners, config, log_step_count_steps):
     tf.compat.v1.logging.warn('Training with estimator made no steps. '
                               'Perhaps input is empty or misspecified.')
   return loss
+
+
+# TF's message when a hook's tensor belongs to another graph (here: the body of
+# the emulated TPU training loop).
+_OTHER_GRAPH_ERROR = 'should have graph attribute that is equal to current graph'
+
+
+@contextlib.contextmanager
+def _hooks_fetching_loop_tensors_explained():
+  """Says why a training hook cannot fetch a model_fn tensor under use_tpu=True."""
+  try:
+    yield
+  except ValueError as error:
+    if _OTHER_GRAPH_ERROR not in str(error):
+      raise
+    raise ValueError(
+        '{}\nWith use_tpu=True the model_fn runs inside the TPU training loop '
+        '(iterations_per_loop steps per session.run), so, as on a TPU, '
+        'training_hooks cannot fetch its tensors (e.g. LoggingTensorHook on the '
+        'loss). Pass them to host_call instead, or add the hook only when '
+        'use_tpu=False.'.format(error)) from error
 
 
 def evaluate(spec, hooks, checkpoint_path, config, output_dir):

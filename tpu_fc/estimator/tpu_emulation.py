@@ -32,9 +32,9 @@ def log_emulation_once():
 
 def _model_features(features, embedding_config_spec):
   """The features the model_fn sees, less the activations added per shard."""
+  if embedding_config_spec is None or not isinstance(features, dict):
+    return features  # a lone Tensor (images, say) has no embedding features
   result = dict(features)
-  if embedding_config_spec is None:
-    return result
   for feature in embedding_config_spec.embedding_layout().features:
     result.pop(feature.name, None)
     if feature.weight_key:
@@ -150,8 +150,10 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
   model_features = _model_features(features, embedding_config_spec)
 
   def build_shard(shard):
-    shard_features = replication.split_batch(model_features, num_shards, shard)
-    shard_features.update(activations[shard])
+    shard_features = replication.split_batch(
+        model_features, num_shards, shard, 'features')
+    if activations[shard]:
+      shard_features.update(activations[shard])
     with lookup_context.building(mode):
       return call_model_fn(
           shard_features, replication.split_batch(labels, num_shards, shard))
