@@ -244,8 +244,7 @@ def test_host_call_summaries_written(tmp_path):
 
     def host_fn(global_step, loss):
       with tf.compat.v2.summary.create_file_writer(logdir).as_default():
-        # summary.write: TF 2.21's summary.scalar needs TensorBoard installed.
-        tf.compat.v2.summary.write('host_loss', loss[0], step=global_step[0])
+        tf.compat.v2.summary.scalar('host_loss', loss[0], step=global_step[0])
         return tf.compat.v1.summary.all_v2_summary_ops()
 
     step = tf.compat.v1.train.get_global_step()
