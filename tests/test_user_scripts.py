@@ -72,3 +72,66 @@ def test_hook_on_a_model_fn_tensor_says_to_use_host_call(tmp_path, tf_log):
   with pytest.raises(ValueError, match='training_hooks cannot fetch its '
                      'tensors .*Pass them to host_call instead'):
     _train(tmp_path / 'tpu', use_tpu=True, hook_on_loss=True)
+
+
+HASH_BUCKETS = 7
+WORDS = np.array([b'a', b'b', b'c', b'd'] * (N // 4))
+
+
+def _hashed_column():
+  return tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_hash_bucket('word', HASH_BUCKETS),
+      2, initializer=tf.compat.v1.constant_initializer(0.1))
+
+
+def _word_input_fn(params, mode):
+  """TF's advice for hash columns on the TPU: integer ids made in the input_fn."""
+  def parse(words, labels):
+    features = {'word': tf.sparse.from_dense(words[:, tf.newaxis])}
+    if params['transform_in_predict'] or mode != tpu_fc.ModeKeys.PREDICT:
+      features['word'] = _hashed_column().categorical_column._transform_feature(  # pylint: disable=protected-access
+          features)
+    return features, labels
+  dataset = tf.data.Dataset.from_tensor_slices((WORDS, Y))
+  if mode == tpu_fc.ModeKeys.TRAIN:
+    dataset = dataset.repeat()
+  return dataset.batch(params['batch_size'], drop_remainder=True).map(parse)
+
+
+def _word_model_fn(features, labels, mode, params):
+  logits = tf.reduce_sum(
+      tf.keras.layers.DenseFeatures([_hashed_column()])(features), axis=1,
+      keepdims=True)
+  if mode == tpu_fc.ModeKeys.PREDICT:
+    return tpu_fc.TPUEstimatorSpec(mode, predictions={'logit': logits})
+  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+  optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+      loss, tf.compat.v1.train.get_global_step()))
+
+
+@pytest.mark.parametrize('transform_in_predict', [False, True])
+def test_predict_of_ids_transformed_for_the_tpu(tmp_path, transform_in_predict):
+  """Ids transformed in the input_fn for TPU training: raw strings to predict."""
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_word_model_fn, use_tpu=True, train_batch_size=BATCH,
+      predict_batch_size=BATCH,
+      params={'transform_in_predict': transform_in_predict},
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[_hashed_column()],
+          optimization_parameters=tpu_fc.StochasticGradientDescentParameters(
+              0.1)))
+  estimator.train(_word_input_fn, max_steps=2)
+  predictions = estimator.predict(_word_input_fn, yield_single_examples=False)
+  if transform_in_predict:
+    with pytest.raises(ValueError, match='Feature word holds int64 ids, but its '
+                       'column word takes strings: with use_tpu=True, predict'):
+      next(predictions)
+    return
+  table = estimator.get_variable_value(
+      'dense_features/word_embedding/embedding_weights')
+  ids = tf.strings.to_hash_bucket_fast(WORDS[:BATCH], HASH_BUCKETS).numpy()
+  np.testing.assert_allclose(next(predictions)['logit'][:, 0],
+                             table[ids].sum(axis=1), rtol=1e-6)

@@ -130,6 +130,34 @@ def _warn_if_tpu_unused(cluster):
         'model to the mid-level API (migration_guide/).', resolver.master())
 
 
+def _check_predict_ids_untransformed(features, embedding_config_spec):
+  """Refuses ids an input_fn already transformed for the TPU, naming the feature.
+
+  On the TPU, hash and vocabulary columns need integer ids, and TF's error says
+  to transform them in the input_fn.  PREDICT looks up on the CPU through the
+  feature columns, which transform the raw feature themselves (as the exported
+  model does), so such ids would be transformed twice.
+  """
+  columns = getattr(embedding_config_spec, 'feature_columns', None) or ()
+  if not isinstance(features, dict):
+    return
+  for column in columns:
+    categorical = column.categorical_column
+    while hasattr(categorical, 'categorical_column'):  # weighted, sequence
+      categorical = categorical.categorical_column
+    value = features.get(getattr(categorical, 'key', None))
+    if (getattr(categorical, 'dtype', None) == tf.string and
+        value is not None and value.dtype.is_integer):
+      raise ValueError(
+          'Feature {} holds {} ids, but its column {} takes strings: with '
+          'use_tpu=True, predict looks up on the CPU through the feature '
+          'columns, which transform the raw feature themselves (as the '
+          'exported model does). Give the raw feature in PREDICT mode: '
+          'transform the ids for the TPU in TRAIN and EVAL only (e.g. in an '
+          'input_fn that takes `mode`).'.format(
+              categorical.key, value.dtype.name, categorical.name))
+
+
 def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
   """(every_n_steps, every_n_secs) of the global_step/sec and examples/sec logs.
 
@@ -641,6 +669,7 @@ class TPUEstimator(object):
             features, labels, mode, config,
             self._params_for(mode, use_tpu=False)))
     if mode == ModeKeys.PREDICT:
+      _check_predict_ids_untransformed(features, self._embedding_config_spec)
       with lookup_context.building(mode):
         return to_estimator_spec(self._call_model_fn(
             features, labels, mode, config, self._params_for(mode, use_tpu=True)))
