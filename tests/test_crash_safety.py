@@ -50,16 +50,21 @@ def _variables(checkpoint):
           if dtype != tf.variant}
 
 
-def _assert_every_checkpoint_restores(model_dir):
-  """Each checkpoint's every tensor reads back; the state file names existing ones."""
+def _assert_every_checkpoint_restores(model_dir, named_only=False):
+  """Each checkpoint's every tensor reads back; the state file names existing ones.
+
+  With `named_only`, only the checkpoints the state names: a save killed before
+  naming its checkpoint may leave files that do not read (a restart removes them).
+  """
   prefixes = sorted(p[:-len('.index')]
                     for p in tf.io.gfile.glob(os.path.join(str(model_dir),
                                                            '*.ckpt-*.index')))
   state = tf.train.get_checkpoint_state(str(model_dir))
   assert state is not None and prefixes
-  for path in state.all_model_checkpoint_paths:
-    assert os.path.join(str(model_dir), os.path.basename(path)) in prefixes
-  for prefix in prefixes:
+  named = [os.path.join(str(model_dir), os.path.basename(path))
+           for path in state.all_model_checkpoint_paths]
+  assert set(named) <= set(prefixes)
+  for prefix in named if named_only else prefixes:
     assert 'global_step' in _variables(prefix), prefix
   estimator = crash_train.make_estimator(str(model_dir))
   assert estimator.get_variable_value('global_step') % crash_train.SAVE_EVERY == 0
@@ -80,9 +85,10 @@ def _uninterrupted(uninterrupted_dir):
 
 
 def _assert_restart_finishes_as_uninterrupted(model_dir, uninterrupted, what):
-  _assert_every_checkpoint_restores(model_dir)
+  _assert_every_checkpoint_restores(model_dir, named_only=True)
   finished = _run(model_dir)
   assert finished.returncode == 0, finished.stderr[-3000:]
+  _assert_every_checkpoint_restores(model_dir)
   final = _variables(tf.train.latest_checkpoint(str(model_dir)))
   assert sorted(final) == sorted(uninterrupted)
   for name, value in uninterrupted.items():
@@ -149,3 +155,25 @@ def test_hook_with_tensor_input_warns_and_trains(tmp_path, tf_log):
       tpu_fc.estimator.hooks.CheckpointInputPipelineHook(estimator)])
   assert estimator.get_variable_value('global_step') == 1
   assert any('there is no input position to save' in m for m in tf_log)
+
+
+def test_a_restart_removes_what_a_cut_short_save_left(tmp_path, caplog):
+  """Unnamed, unreadable files past the last checkpoint go; the rest stays."""
+  estimator = crash_train.make_estimator(str(tmp_path))
+  estimator.train(crash_train.input_fn, max_steps=crash_train.SAVE_EVERY)
+  last = estimator.latest_checkpoint()
+  cut_short = os.path.join(str(tmp_path), 'model.ckpt-99')
+  readable = os.path.join(str(tmp_path), 'model.ckpt-98')
+  for suffix in ('.index', '.data-00000-of-00001'):
+    with open(last + suffix, 'rb') as f:
+      data = f.read()
+    with open(cut_short + suffix, 'wb') as f:
+      f.write(data[:len(data) // 3])  # as a kill in the middle of writing
+    with open(readable + suffix, 'wb') as f:
+      f.write(data)
+  estimator.train(crash_train.input_fn, max_steps=crash_train.SAVE_EVERY + 1)
+  assert not tf.io.gfile.glob(cut_short + '.*')
+  assert len(tf.io.gfile.glob(readable + '.*')) == 2
+  assert 'Removed {}, a checkpoint whose save was cut short'.format(
+      cut_short) in caplog.text
+  assert estimator.get_variable_value('global_step') == crash_train.SAVE_EVERY + 1

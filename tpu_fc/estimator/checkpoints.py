@@ -14,6 +14,7 @@ position (its iterator state), written by the same save as the weights, so a res
 resumes both from one consistent point.
 """
 import collections
+import os
 
 from absl import logging
 
@@ -182,6 +183,43 @@ class TolerantSaver(tf.compat.v1.train.Saver):
     if self._variables_only is not None:
       return self._variables_only.restore(sess, save_path)
     return super().restore(sess, save_path)
+
+
+def _step_of(prefix):
+  try:
+    return int(prefix.rsplit('-', 1)[1])
+  except (IndexError, ValueError):
+    return None
+
+
+def remove_cut_short_saves(model_dir):
+  """Deletes the files of saves a killed process cut short.
+
+  A save writes the checkpoint's files, then names it in the checkpoint state;
+  killed before that, it leaves files that may not read and that no checkpoint
+  state names.  Those of a step past the last named checkpoint which do not
+  read are removed (the restarted run saves that step again); nothing named,
+  nor anything that reads, is touched.
+  """
+  latest = tf.train.latest_checkpoint(model_dir)
+  latest_step = _step_of(latest) if latest else -1
+  if latest_step is None:  # not a name this driver writes: leave all alone
+    return
+  for index in tf.io.gfile.glob(os.path.join(model_dir, '*.index')):
+    prefix = index[:-len('.index')]
+    step = _step_of(prefix)
+    if step is None or step <= latest_step:
+      continue
+    try:
+      tf.train.load_checkpoint(prefix)
+      continue
+    except (tf.errors.OpError, RuntimeError) as error:
+      reason = error
+    for path in tf.io.gfile.glob(prefix + '.*'):
+      tf.io.gfile.remove(path)
+    logging.warning('Removed %s, a checkpoint whose save was cut short (it was '
+                    'never named in the checkpoint state; %s).', prefix,
+                    _reason(reason))
 
 
 def add_saver(graph, checkpoint_path, config):

@@ -505,6 +505,8 @@ class TPUEstimator(object):
       hooks.append(tpu_emulation.LoopIterationsHook(steps, max_steps))
     saving_listeners = _check_listeners_type(saving_listeners)
     _check_writable(self._model_dir)
+    if self._config.is_chief:
+      checkpoints.remove_cut_short_saves(self._model_dir)
     with tf.Graph().as_default() as graph, graph.device(
         distributed.device_fn(self._config)):
       spec, input_hooks = self._build_graph(
