@@ -199,11 +199,12 @@ def remove_cut_short_saves(model_dir):
   killed before that, it leaves files that may not read and that no checkpoint
   state names.  Those of a step past the last named checkpoint which do not
   read are removed (the restarted run saves that step again); nothing named,
-  nor anything that reads, is touched.
+  nothing that reads, and nothing in a directory without a checkpoint state
+  is touched.
   """
   latest = tf.train.latest_checkpoint(model_dir)
-  latest_step = _step_of(latest) if latest else -1
-  if latest_step is None:  # not a name this driver writes: leave all alone
+  latest_step = _step_of(latest) if latest else None
+  if latest_step is None:  # no checkpoint state, or names of another writer
     return
   for index in tf.io.gfile.glob(os.path.join(model_dir, '*.index')):
     prefix = index[:-len('.index')]
