@@ -12,6 +12,7 @@ from google.protobuf import message
 from tpu_fc._tf import tf
 from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
+from tpu_fc.estimator import tpu_emulation
 
 _LOSS = 'loss'
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
@@ -108,11 +109,15 @@ _OTHER_GRAPH_ERROR = 'should have graph attribute that is equal to current graph
 
 @contextlib.contextmanager
 def _hooks_fetching_loop_tensors_explained():
-  """Says why a training hook cannot fetch a model_fn tensor under use_tpu=True."""
+  """Says why a training hook cannot fetch a model_fn tensor in the TPU loop.
+
+  Only where the graph has that loop: elsewhere TF's error stands alone.
+  """
   try:
     yield
   except ValueError as error:
-    if _OTHER_GRAPH_ERROR not in str(error):
+    if (_OTHER_GRAPH_ERROR not in str(error) or
+        not tpu_emulation.in_training_loop(tf.compat.v1.get_default_graph())):
       raise
     raise ValueError(
         '{}\nWith use_tpu=True the model_fn runs inside the TPU training loop '

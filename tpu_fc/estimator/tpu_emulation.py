@@ -192,6 +192,11 @@ _LOOP_LOCAL_COLLECTIONS = (
 )
 
 
+def in_training_loop(graph):
+  """Whether the model_fn of `graph` runs inside the emulated TPU training loop."""
+  return bool(graph.get_collection(_ITERATIONS_COLLECTION))
+
+
 def _outside_the_loop(next_creator, **kwargs):
   """Variable creator: variables are created once, outside the training loop."""
   with tf.init_scope():
