@@ -213,14 +213,12 @@ def remove_cut_short_saves(model_dir):
       continue
     try:
       tf.train.load_checkpoint(prefix)
-      continue
     except (tf.errors.OpError, RuntimeError) as error:
-      reason = error
-    for path in tf.io.gfile.glob(prefix + '.*'):
-      tf.io.gfile.remove(path)
-    logging.warning('Removed %s, a checkpoint whose save was cut short (it was '
-                    'never named in the checkpoint state; %s).', prefix,
-                    _reason(reason))
+      for path in tf.io.gfile.glob(prefix + '.*'):
+        tf.io.gfile.remove(path)
+      logging.warning('Removed %s, a checkpoint whose save was cut short (it '
+                      'was never named in the checkpoint state; %s).', prefix,
+                      _reason(error))
 
 
 def add_saver(graph, checkpoint_path, config):
