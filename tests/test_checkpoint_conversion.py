@@ -9,6 +9,7 @@ for bit.
 """
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ import pytest
 import tpu_fc
 from tpu_fc import __main__ as cli
 from tpu_fc import checkpoint_conversion as conversion
+from tpu_fc import migration
 from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
@@ -337,6 +339,54 @@ def test_cli_reports_bad_input_without_traceback(tmp_path):
       '{}.'.format(tmp_path))
   with pytest.raises(SystemExit, match="has no attribute 'nope'"):
     cli.main(['inspect', str(tmp_path), '--spec', '{}:nope'.format(spec_file)])
+
+
+LEGACY_SCRIPT = '''
+"""The same spec as SPEC_MODULE, written with TF 2.15's names only."""
+import tensorflow.compat.v1 as tf
+fc = tf.feature_column
+tpu = tf.tpu.experimental
+def make_spec():
+  a = tpu.embedding_column(fc.categorical_column_with_identity('a', 10), 4)
+  w = tpu.embedding_column(fc.weighted_categorical_column(
+      fc.categorical_column_with_identity('w', 5), 'w_weight'), 2)
+  b, c = tpu.shared_embedding_columns(
+      [fc.categorical_column_with_identity('b', 7),
+       fc.categorical_column_with_identity('c', 7)], 3)
+  return tf.estimator.tpu.experimental.EmbeddingConfigSpec(
+      feature_columns=[a, w, b, c],
+      optimization_parameters=tpu.AdamParameters(0.1))
+spec = make_spec()
+if __name__ == '__main__':
+  raise SystemExit('the script ran its main block')
+'''
+
+
+def test_spec_names_a_legacy_script_as_run_loads_it(tmp_path, monkeypatch,
+                                                    capsys):
+  train(tmp_path / 'legacy', make_spec(OPTIMIZERS['adam']))
+  (tmp_path / 'legacy_model.py').write_text(LEGACY_SCRIPT)
+  # A wrapper next to it imports it: the script's folder must be on sys.path.
+  (tmp_path / 'wrapper.py').write_text('from legacy_model import make_spec\n')
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setattr(sys, 'path', list(sys.path))
+  try:
+    for reference in ('legacy_model.py:spec', 'wrapper.py:make_spec',
+                      'legacy_model:spec'):
+      spec = conversion.spec_from_reference(reference)
+      assert isinstance(spec, tpu_fc.EmbeddingConfigSpec), reference
+      assert type(spec.optimization_parameters) is tpu_fc.AdamParameters
+      assert not migration.is_installed()  # bound for the load only
+    cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec',
+              'wrapper.py:make_spec', 'legacy', 'mid'])
+    written = os.path.abspath(capsys.readouterr().out.strip())
+    assert written.startswith(str(tmp_path / 'mid'))
+    cli.main(['inspect', 'legacy', '--spec', 'legacy_model.py:spec'])
+    assert 'Adam' in capsys.readouterr().out
+  finally:
+    sys.modules.pop('legacy_model', None)
+  with pytest.raises(SystemExit, match='no such file missing.py'):
+    cli.main(['inspect', 'legacy', '--spec', 'missing.py:spec'])
 
 
 # Legacy lane: a checkpoint of TF 2.15's real TPUEstimator -------------------------------

@@ -1,19 +1,42 @@
-"""Command line: `python -m tpu_fc COMMAND ...` (also installed as `tpu-fc`)."""
+"""Command line: `python -m tpu_fc COMMAND ...` (also installed as `tpu-fc`).
+
+TensorFlow is imported only by the commands that need it, so `--help` is quick.
+"""
 import argparse
+import importlib.util
 import json
 import os
-import runpy
 import sys
+
+
+def _this_package():
+  """The tpu_fc package holding this file, even where a folder shadows it.
+
+  `python -m tpu_fc` run from a folder that holds a checkout named `tpu_fc`
+  imports that folder as an empty namespace package (the working directory
+  comes first on `sys.path`); load the package of this file in its place.
+  """
+  package = sys.modules.get('tpu_fc')
+  if package is None or getattr(package, '__file__', None) is None:
+    folder = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        'tpu_fc', os.path.join(folder, '__init__.py'),
+        submodule_search_locations=[folder])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules['tpu_fc'] = package
+    spec.loader.exec_module(package)
+  return package
 
 
 def _run(args):
   """Runs a legacy script unchanged, with the legacy names bound to tpu_fc."""
-  import tpu_fc  # pylint: disable=g-import-not-at-top
-  tpu_fc.install()
-  script = os.path.abspath(args.script)
-  sys.argv = [script] + list(args.script_args)
-  sys.path.insert(0, os.path.dirname(script))
-  runpy.run_path(script, run_name='__main__')
+  if not os.path.isfile(args.script):
+    raise SystemExit('tpu-fc run: error: no such script {} (relative paths start '
+                     'at {})'.format(args.script, os.getcwd()))
+  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
+  migration.install()
+  sys.argv = [os.path.abspath(args.script)] + list(args.script_args)
+  migration.run_script(args.script, run_name='__main__')
 
 
 def _demo(args):
@@ -122,6 +145,7 @@ def _add_cluster_command(commands):
 
 
 def main(argv=None):
+  _this_package()
   parser = argparse.ArgumentParser(
       prog='tpu-fc', description='Legacy TPU embedding columns and TPUEstimator '
       'on any TensorFlow version.')

@@ -12,13 +12,16 @@ slots) is carried under its legacy name in a `dense` dict, the global step as
 `global_step`, and the legacy table names as `legacy_table_names`, so converting
 back reproduces the original checkpoint's names and values bit for bit.
 """
+import importlib
 import json
 import os
+import sys
 
 import numpy as np
 import tensorflow as tf
 
 from tpu_fc import columns as columns_lib
+from tpu_fc import migration
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
 from tpu_fc.lookup.embedding_core import DUMMY_VARIABLE_PREFIX
@@ -444,23 +447,30 @@ def format_inspection(report):
 def spec_from_reference(reference):
   """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the EmbeddingConfigSpec it names.
 
-  ATTR may be a spec or a zero-argument callable returning one.
+  ATTR may be a spec or a zero-argument callable returning one.  The file or
+  module is loaded as `tpu-fc run` runs a script -- legacy names bound, its
+  folder on `sys.path` -- except that its `__main__` block does not run.
   """
-  import importlib  # pylint: disable=g-import-not-at-top
-  import runpy  # pylint: disable=g-import-not-at-top
   module_name, _, attribute = reference.rpartition(':')
   if not module_name or not attribute:
     raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
         reference))
-  if module_name.endswith('.py'):
-    namespace = runpy.run_path(module_name)
-  else:
-    namespace = vars(importlib.import_module(module_name))
-  if attribute not in namespace:
-    raise ValueError('{} has no attribute {!r}.'.format(module_name, attribute))
-  spec = namespace[attribute]
-  if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
-    spec = spec()
+  with migration.installed():
+    if module_name.endswith('.py'):
+      if not os.path.isfile(module_name):
+        raise ValueError('--spec {}: no such file {} (relative paths start at '
+                         '{}).'.format(reference, module_name, os.getcwd()))
+      namespace = migration.run_script(module_name, run_name='__tpu_fc_spec__')
+    else:
+      if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
+        sys.path.insert(0, os.getcwd())
+      namespace = vars(importlib.import_module(module_name))
+    if attribute not in namespace:
+      raise ValueError('{} has no attribute {!r}.'.format(module_name,
+                                                          attribute))
+    spec = namespace[attribute]
+    if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
+      spec = spec()
   if not isinstance(spec, spec_lib.EmbeddingConfigSpec):
     raise ValueError('{} is a {}, not an EmbeddingConfigSpec.'.format(
         reference, type(spec).__name__))

@@ -11,8 +11,11 @@ Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the expor
 namespace lacks them; `train_and_evaluate` is tpu_fc's for tpu_fc's estimators and the
 replaced namespace's for any other.  `uninstall()` restores everything.
 """
+import contextlib
 import functools
 import importlib
+import os
+import runpy
 import sys
 import types
 
@@ -219,3 +222,27 @@ def uninstall():
 
 def is_installed():
   return bool(_bindings)
+
+
+@contextlib.contextmanager
+def installed():
+  """The legacy names bound inside the block; left bound if they already were."""
+  already = is_installed()
+  install()
+  try:
+    yield
+  finally:
+    if not already:
+      uninstall()
+
+
+def run_script(path, run_name):
+  """Runs the script at `path` as module `run_name`; returns its globals.
+
+  As `python path` would: the script's folder first on `sys.path`, so files next
+  to it import.  Only a `run_name` of '__main__' runs its `if __name__ ==
+  '__main__'` block.
+  """
+  script = os.path.abspath(path)
+  sys.path.insert(0, os.path.dirname(script))
+  return runpy.run_path(script, run_name=run_name)

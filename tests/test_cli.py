@@ -1,0 +1,62 @@
+"""The command line as a newcomer meets it: quick help, scripts by relative path."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tpu_fc._tf import TF_VERSION
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LANE = 'legacy' if TF_VERSION == (2, 15) else 'latest'
+SCRIPT = '''
+import sys
+import tensorflow as tf
+import tpu_fc
+assert tf.compat.v1.tpu.experimental.embedding_column is tpu_fc.embedding_column
+print('ran', sys.argv[1:])
+'''
+
+
+def run(command, cwd):
+  return subprocess.run(command, cwd=cwd, capture_output=True, text=True,
+                        timeout=300, check=False)
+
+
+def test_help_answers_without_importing_tensorflow(tmp_path):
+  result = run([sys.executable, '-X', 'importtime', '-m', 'tpu_fc', '--help'],
+               tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith('usage: tpu-fc')
+  imported = [line.split('|')[-1].strip()
+              for line in result.stderr.splitlines() if '|' in line]
+  assert 'tpu_fc' in imported
+  assert not [name for name in imported if name.startswith('tensorflow')]
+
+
+def test_run_from_a_folder_that_holds_a_checkout_named_tpu_fc(tmp_path):
+  (tmp_path / 'tpu_fc').mkdir()  # a clone's folder: no __init__.py at its top
+  (tmp_path / 'tpu_fc' / 'README.md').write_text('# tpu_fc\n')
+  (tmp_path / 'mine.py').write_text(SCRIPT)
+  result = run([sys.executable, '-m', 'tpu_fc', 'run', 'mine.py', '--flag'],
+               tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert "ran ['--flag']" in result.stdout
+
+
+@pytest.mark.skipif(
+    os.path.realpath(sys.prefix) !=
+    os.path.realpath(os.path.join(REPO, '.venv-' + LANE)),
+    reason="runs in scripts/lane.sh's own virtualenv only")
+def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
+  (tmp_path / 'mine.py').write_text(SCRIPT)
+  lane = os.path.join(REPO, 'scripts', 'lane.sh')
+  result = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'mine.py', 'x'],
+               tmp_path)
+  assert result.returncode == 0, result.stderr
+  assert "ran ['x']" in result.stdout
+  missing = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'nope.py'],
+                tmp_path)
+  assert missing.returncode != 0
+  assert 'no such script nope.py (relative paths start at {})'.format(
+      tmp_path) in missing.stderr
