@@ -6,12 +6,16 @@ Expected values never come from the code under test: they come from
 `sum_inside_sqrt` (no TF kernel), from a float64 derivation written here.
 Gradient clipping, decoupled weight decay and weight clipping are applied
 around the kernels by `expected_update`, following the module docstring.
+Results are compared within the float32 error bound of `helpers` (TF's
+kernels round differently from numpy, and differently again per CPU);
+`test_wrong_rules_fail_the_comparison` shows that bound rejects wrong rules.
 """
 import types
 
 import numpy as np
 import pytest
 
+import helpers
 from tpu_fc import reference
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 
@@ -21,8 +25,6 @@ PARAMS_LR = 123.0  # stored on every params object; the reference must ignore it
 VOCAB, DIM = 6, 3
 IDS = np.array([4, 1, 4, 0])
 NOT_LOOKED_UP = [2, 3, 5]
-RTOL, ATOL = 1e-6, 1e-7  # kernels coincide; ATOL only for cancellation near 0
-HAND_RTOL, HAND_ATOL = 1e-5, 1e-6  # float64 hand derivation vs float32 math
 
 COMMON = dict(use_gradient_accumulation=True, clip_weight_min=None,
               clip_weight_max=None, weight_decay_factor=None,
@@ -156,22 +158,27 @@ def sum_duplicates(ids, grads):
 
 
 def _adam_by_hand(params, w, m, v, g, lr):
-  """Adam, no bias correction, `sum_inside_sqrt` denominator, in float64."""
+  """Adam, no bias correction, `sum_inside_sqrt` denominator, in float64.
+
+  From the float32 hyperparameters a kernel gets: `1 - float32(0.999)` is
+  1.3e-5 off `1 - 0.999`.
+  """
   w, m, v, g = (np.asarray(x, np.float64) for x in (w, m, v, g))
-  m = params.beta1 * m + (1 - params.beta1) * g
-  v = params.beta2 * v + (1 - params.beta2) * g * g
-  return w - lr * m / np.sqrt(v + params.epsilon ** 2), m, v
+  b1, b2, eps, lr = (np.float64(np.float32(x)) for x in (
+      params.beta1, params.beta2, params.epsilon, lr))
+  m = b1 * m + (1 - b1) * g
+  v = b2 * v + (1 - b2) * g * g
+  return w - lr * m / np.sqrt(v + eps ** 2), m, v
 
 
 def kernel_update(params, table, slots, rows, g, lr):
-  """Optimizer rule only, via TF kernels; returns (table, slots, rtol, atol)."""
+  """Optimizer rule only, via TF kernels; returns (table, slots)."""
   name = type(params).__name__
   var = tf.Variable(table)
   slot_vars = {k: tf.Variable(v) for k, v in slots.items()}
   h = {k: v.handle for k, v in slot_vars.items()}
   f32 = lambda x: tf.constant(x, tf.float32)
   grad, idx = tf.constant(g), tf.constant(rows)
-  tolerance = RTOL, ATOL
   if name == 'StochasticGradientDescentParameters':
     tf.raw_ops.ResourceScatterSub(resource=var.handle, indices=idx,
                                   updates=f32(lr) * grad)
@@ -209,7 +216,7 @@ def kernel_update(params, table, slots, rows, g, lr):
       table[rows], slots['momenta'][rows], slots['velocities'][rows] = (
           _adam_by_hand(params, table[rows], slots['momenta'][rows],
                         slots['velocities'][rows], g, lr))
-      return table, slots, (HAND_RTOL, HAND_ATOL)
+      return table, slots
     w, m, v = (tf.Variable(x[rows]) for x in (
         table, slots['momenta'], slots['velocities']))
     # beta1_power = beta2_power = 0 turns TF's bias correction off.
@@ -219,10 +226,10 @@ def kernel_update(params, table, slots, rows, g, lr):
         beta2=f32(params.beta2), epsilon=f32(params.epsilon), grad=grad)
     table[rows], slots['momenta'][rows], slots['velocities'][rows] = (
         w.numpy(), m.numpy(), v.numpy())
-    return table, slots, tolerance
+    return table, slots
   else:
     raise AssertionError(name)
-  return var.numpy(), {k: v.numpy() for k, v in slot_vars.items()}, tolerance
+  return var.numpy(), {k: v.numpy() for k, v in slot_vars.items()}
 
 
 def _bounds(low, high):
@@ -238,8 +245,7 @@ def expected_update(params, table, slots, ids, grads, lr):
     dense = np.zeros_like(table)
     dense[rows] = g
     rows, g = np.arange(VOCAB), dense
-  new_table, new_slots, tolerance = kernel_update(params, table, slots, rows,
-                                                  g, lr)
+  new_table, new_slots = kernel_update(params, table, slots, rows, g, lr)
   if params.weight_decay_factor:
     decay = np.float32(params.weight_decay_factor)
     if params.multiply_weight_decay_factor_by_learning_rate:
@@ -247,29 +253,33 @@ def expected_update(params, table, slots, ids, grads, lr):
     new_table[rows] -= decay * table[rows]
   new_table[rows] = np.clip(
       new_table[rows], *_bounds(params.clip_weight_min, params.clip_weight_max))
-  return new_table, new_slots, tolerance
+  return new_table, new_slots
 
 
 def assert_update(params, table, slots, ids, grads, lr=LR):
   """Checks the reference against `expected_update`; returns its result."""
-  got_table, got_slots = reference.apply_sparse_update(params, table, slots,
-                                                       ids, grads, lr)
-  want_table, want_slots, (rtol, atol) = expected_update(params, table, slots,
-                                                         ids, grads, lr)
-  assert got_table.dtype == np.float32
-  np.testing.assert_allclose(got_table, want_table, rtol=rtol, atol=atol)
-  assert list(got_slots) == list(reference.slot_initial_values(params))
-  for name, value in got_slots.items():
-    assert value.dtype == np.float32, name
-    np.testing.assert_allclose(value, want_slots[name], rtol=rtol, atol=atol,
-                               err_msg=name)
-  return got_table, got_slots
+  got = helpers.ReferenceSteps(params, table, slots).step(ids, grads, lr)
+  assert got.table.dtype == np.float32
+  assert list(got.slots) == list(reference.slot_initial_values(params))
+  assert all(value.dtype == np.float32 for value in got.slots.values())
+  got.assert_matches(*expected_update(params, table, slots, ids, grads, lr))
+  return got.table, got.slots
 
 
 def test_matches_tf_kernels(case, make):
   params = make(case[0], **case[1])
   table, slots, grads = random_state(params)
   assert_update(params, table, slots, IDS, grads)
+
+
+def test_wrong_rules_fail_the_comparison(case, monkeypatch):
+  """The float32 bound is tight: each plausible bug (helpers.WRONG_RULES)
+  planted in the reference fails the comparison with TF's kernels."""
+  params = make_stub(case[0], **case[1])
+  table, slots, grads = random_state(params)
+  assert not helpers.surviving_wrong_rules(
+      monkeypatch, params,
+      lambda: assert_update(params, table, slots, IDS, grads))
 
 
 def test_two_steps_from_initial_slots(case, make):
@@ -311,9 +321,9 @@ def test_weight_decay(case, make, multiply):
   decayed, _ = assert_update(params, table, slots, IDS, grads)
   plain, _ = reference.apply_sparse_update(make(case[0], **case[1]), table,
                                            slots, IDS, grads, LR)
-  decay = 0.25 * (LR if multiply else 1.0)
-  np.testing.assert_allclose(decayed[IDS], plain[IDS] - decay * table[IDS],
-                             rtol=RTOL, atol=ATOL)
+  decay = np.float32(0.25) * (np.float32(LR) if multiply else np.float32(1))
+  # The reference's own float32 operations, in its order: bit-identical.
+  np.testing.assert_array_equal(decayed[IDS], plain[IDS] - decay * table[IDS])
 
 
 def test_all_steps_together(case, make):

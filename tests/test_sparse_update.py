@@ -2,12 +2,14 @@
 
 Every optimizer configuration times every optional stage runs 1 and 3 steps in
 a `tf.compat.v1` graph and session; table and slots must match the numpy
-reference applied as many times.  Expected values never come from the code
-under test.
+reference applied as many times, within the float32 error bound of `helpers`
+(`test_wrong_rules_fail_the_comparison`: it still rejects wrong rules).
+Expected values never come from the code under test.
 """
 import numpy as np
 import pytest
 
+import helpers
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc.lookup import sparse_update
@@ -19,7 +21,6 @@ PARAMS_LR = 123.0  # stored on every parameters object; the update must ignore i
 # (unique ids, learning rate) of each step; rows 3 and 5 are never looked up.
 STEPS = [([4, 1, 0], 0.1), ([6, 1, 2, 4], 0.05), ([0, 4], 0.2)]
 NEVER_LOOKED_UP = [3, 5]
-RTOL, ATOL = 1e-5, 1e-6
 
 CASES = {
     'sgd': ('StochasticGradientDescentParameters', {}),
@@ -169,14 +170,25 @@ class Harness:
     return values.pop('table'), values
 
 
-def assert_state(got, want):
-  (got_table, got_slots), (want_table, want_slots) = got, want
-  np.testing.assert_allclose(got_table, want_table, rtol=RTOL, atol=ATOL,
-                             err_msg='table')
-  assert sorted(got_slots) == sorted(want_slots)
-  for name in want_slots:
-    np.testing.assert_allclose(got_slots[name], want_slots[name], rtol=RTOL,
-                               atol=ATOL, err_msg=name)
+def run_steps(params, table, slots, grads):
+  """The table and slots after each of STEPS, run from `table` and `slots`."""
+  states = []
+  with Harness(params) as harness:
+    harness.load(table, slots)
+    for (ids, lr), g in zip(STEPS, grads):
+      harness.step(ids, g, lr)
+      states.append(harness.state())
+  return states
+
+
+def assert_steps_match_reference(params, table, slots, grads, states):
+  """States after steps 1 and 3 against the reference's steps."""
+  want = helpers.ReferenceSteps(params, table, slots)
+  for step, ((ids, lr), g, got) in enumerate(zip(STEPS, grads, states),
+                                             start=1):
+    want.step(ids, g, lr)
+    if step in (1, 3):
+      want.assert_matches(*got, err_msg=f'step {step}')
 
 
 @pytest.mark.parametrize('stage', sorted(STAGES))
@@ -184,16 +196,9 @@ def assert_state(got, want):
 def test_one_and_three_steps_match_reference(case, stage):
   params = make(case, stage)
   table, slots, grads = random_state(params)
-  want = table, slots
-  with Harness(params) as harness:
-    harness.load(table, slots)
-    for step, ((ids, lr), g) in enumerate(zip(STEPS, grads), start=1):
-      harness.step(ids, g, lr)
-      want = reference.apply_sparse_update(params, *want, ids, g, lr)
-      if step in (1, 3):
-        got = harness.state()
-        assert_state(got, want)
-  got_table, got_slots = got
+  states = run_steps(params, table, slots, grads)
+  assert_steps_match_reference(params, table, slots, grads, states)
+  got_table, got_slots = states[-1]
   assert np.all(np.isfinite(got_table))
   rest = NEVER_LOOKED_UP
   if is_non_lazy(params):  # every row moves: zero gradient, m and v decay.
@@ -202,6 +207,19 @@ def test_one_and_three_steps_match_reference(case, stage):
     np.testing.assert_array_equal(got_table[rest], table[rest])
     for name, value in slots.items():
       np.testing.assert_array_equal(got_slots[name][rest], value[rest])
+
+
+@pytest.mark.parametrize('stage', ['plain', 'all'])
+@pytest.mark.parametrize('case', sorted(CASES))
+def test_wrong_rules_fail_the_comparison(case, stage, monkeypatch):
+  """The float32 bound is tight: each plausible bug (helpers.WRONG_RULES)
+  planted in the reference fails the comparison above."""
+  params = make(case, stage)
+  table, slots, grads = random_state(params)
+  states = run_steps(params, table, slots, grads)
+  assert not helpers.surviving_wrong_rules(
+      monkeypatch, params, lambda: assert_steps_match_reference(
+          params, table, slots, grads, states))
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
@@ -213,9 +231,8 @@ def test_constant_learning_rate(case):
   with Harness(params, learning_rate=lr) as harness:
     harness.load(table, slots)
     harness.step(ids, g)
-    assert_state(harness.state(),
-                 reference.apply_sparse_update(params, table, slots, ids, g,
-                                               lr))
+    helpers.ReferenceSteps(params, table, slots).step(
+        ids, g, lr).assert_matches(*harness.state())
 
 
 # The reference divides by the rate in FTRL without
@@ -238,8 +255,8 @@ def test_zero_learning_rate(case, constant):
     harness.step(ids, g, None if constant else 0.0)
     got = harness.state()
   assert np.all(np.isfinite(got[0]))
-  assert_state(got, reference.apply_sparse_update(params, table, slots, ids,
-                                                  g, 0.0))
+  helpers.ReferenceSteps(params, table, slots).step(
+      ids, g, 0.0).assert_matches(*got)
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
@@ -249,14 +266,14 @@ def test_steps_from_initial_slots_with_int32_ids(case):
   slots = reference.init_slots(params, table.shape)
   with Harness(params) as harness:
     harness.load(table, {})
-    assert_state(harness.state(), (table, slots))
-    want = table, slots
+    want = helpers.ReferenceSteps(params, table, slots)
+    want.assert_matches(*harness.state())  # before any step: exactly
     for (ids, lr), g in zip(STEPS, grads):
       harness.session.run(harness.update, {
           harness.ids: np.array(ids, np.int32), harness.grads: g,
           harness.lr: lr})
-      want = reference.apply_sparse_update(params, *want, ids, g, lr)
-    assert_state(harness.state(), want)
+      want.step(ids, g, lr)
+    want.assert_matches(*harness.state())
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
@@ -348,16 +365,16 @@ def test_eager_and_tf_function(case):
   def step(ids, g, lr):
     sparse_update.apply_sparse_update(params, table_var, slot_vars, ids, g, lr)
 
-  want = table, slots
+  want = helpers.ReferenceSteps(params, table, slots)
   for i, ((ids, lr), g) in enumerate(zip(STEPS, grads)):
     if i % 2:
       step(tf.constant(ids), tf.constant(g), tf.constant(lr))
     else:
       sparse_update.apply_sparse_update(params, table_var, slot_vars,
                                         tf.constant(ids), g, lr)
-    want = reference.apply_sparse_update(params, *want, ids, g, lr)
-  assert_state((table_var.numpy(),
-                {name: var.numpy() for name, var in slot_vars.items()}), want)
+    want.step(ids, g, lr)
+  want.assert_matches(table_var.numpy(),
+                      {name: var.numpy() for name, var in slot_vars.items()})
 
 
 @pytest.mark.skipif(not LEGACY_TF, reason='legacy *Parameters need TF 2.15')
@@ -372,9 +389,8 @@ def test_tf_215_parameter_classes():
     harness.load(table, slots)
     (ids, lr), g = STEPS[0], grads[0]
     harness.step(ids, g, lr)
-    assert_state(harness.state(),
-                 reference.apply_sparse_update(params, table, slots, ids, g,
-                                               lr))
+    helpers.ReferenceSteps(params, table, slots).step(
+        ids, g, lr).assert_matches(*harness.state())
 
 
 def test_errors():
