@@ -176,18 +176,30 @@ class Case:
   kept: Optional[Callable[[str], Any]] = None
 
 
-def _raises_on_tpu(error, *fragments, cpu=None):
-  """Raises (error, fragments) on TPU paths; `cpu` on the CPU path (None: trains)."""
-  return lambda path: cpu if path == 'cpu' else (error, fragments)
+def _raises_on_tpu(error, *fragments, cpu=None, start=None):
+  """Raises (error, fragments, start) on TPU paths; `cpu` on the CPU path (None:
+  trains)."""
+  return lambda path: cpu if path == 'cpu' else (error, fragments, start)
+
+
+# How an out-of-range id {} is reported, per path (TPU paths: all such ids).
+OUT_OF_RANGE_START = {
+    'cpu': 'Feature ids (column ids_embedding): id {} is out of range [0, 5); '
+           'use a num_buckets above the largest id',
+    'embedding_core': 'Feature ids (table tbl_ids): ids [{}] are out of range '
+                      '[0, 5); use a vocabulary size above the largest id',
+    'tensor_core': 'Feature ids (table ids_embedding): ids [{}] are out of '
+                   'range [0, 5); use a vocabulary size above the largest id',
+}
 
 
 CASES = [
     Case('id_at_or_above_vocabulary',
          lambda: {'ids': sparse([[1], [2, 7], [3], [4]])},
-         raises=lambda path: (tf.errors.InvalidArgumentError, (
-             ('ids_embedding', 'indices[2] = 7 is not in [0, 5)')
-             if path == 'cpu' else
-             ('Feature ids: ids must be < vocabulary size 5', '[1 2 7 3 4]')))),
+         raises=lambda path: (
+             tf.errors.InvalidArgumentError,
+             ('indices[2] = 7 is not in [0, 5)',) if path == 'cpu' else (),
+             OUT_OF_RANGE_START[path].format(7))),
     Case('negative_ids_are_dropped',
          lambda: {'ids': sparse([[1], [2, -1], [-3], [4]])},
          kept=lambda path: unweighted([[1], [2], [], [4]])),
@@ -233,8 +245,9 @@ CASES = [
          lambda: {'ids': sparse(IDS), 'w': sparse([[1.0], [NAN, 1.0], [1.0],
                                                    [1.0]], tf.float32)},
          paths=('cpu', 'embedding_core'), kind='weighted',
-         raises=_raises_on_tpu(tf.errors.InvalidArgumentError,
-                               'Feature ids: weights w must be finite', 'nan'),
+         raises=_raises_on_tpu(
+             tf.errors.InvalidArgumentError,
+             start='Feature ids: weights w must be finite; got [nan]. '),
          kept=lambda path: [[(1, 1.0)], [(3, 1.0)], [(3, 1.0)], [(4, 1.0)]]),
     Case('non_positive_weights',
          lambda: {'ids': sparse([[1], [2, 3], [3, 4], [4]]),
@@ -267,7 +280,8 @@ CASES = [
          paths=('cpu', 'embedding_core'), kind='weighted',
          raises=_raises_on_tpu(
              tf.errors.InvalidArgumentError,
-             'Feature ids: weights w must hold one weight per id'),
+             start='Feature ids: weights w must hold one weight per id, at '
+             'the same indices; got 4 weights for 3 ids.'),
          kept=lambda path: [[(1, 1.0)], [(0, 1.0)], [(3, 2.0)], [(4, 1.0)]]),
     Case('sequence_longer_than_max_sequence_length',
          lambda: {'s': sparse([[1, 2, 3, 4], [1], [], [2, 2, 4]])},
@@ -287,13 +301,18 @@ def _case_params():
           for case in CASES for path in case.paths]
 
 
-def _assert_raised(error, expected_type, fragments):
+def _assert_raised(error, expected_type, fragments, start=None):
+  """`error` (an `outcome`) is `expected_type`, its message holds `fragments`
+  and, given `start`, begins with it (not with TF's listing of the op)."""
   assert error is not None, 'expected {}, but the step ran'.format(
       expected_type.__name__)
   error_type, message = error
   assert issubclass(error_type, expected_type), (error_type, message)
   for fragment in fragments:
     assert fragment in message, (fragment, message)
+  if start is not None:
+    assert message.startswith(start), (start, message)
+    assert 'Detected at node' not in message, message
 
 
 @pytest.mark.parametrize('case, path', _case_params())
@@ -319,6 +338,32 @@ def test_bad_input_in_training(case, path, tmp_path):
       assert _reason(legacy[1]) in _as_tf215_reports(_reason(error[1]))
     else:
       np.testing.assert_allclose(legacy, table, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('mode', ['train', 'evaluate', 'predict'])
+@pytest.mark.parametrize('path', PATHS)
+def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
+  """Feature, table or column, ids, range and what to do come first, in TF's
+  error class, without TF's listing of the op or a chained traceback.
+
+  Predict looks up on the CPU on every path, so it reports as use_tpu=False.
+  """
+  estimator = make_estimator(tmp_path, path)
+  with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+    _use(estimator, mode, tmp_path, ids=[[1], [9, 7], [3], [7]])
+  message = str(raised.value)
+  if path == 'cpu' or mode == 'predict':
+    # Then TF's reason and node: its gather names the first such id it meets.
+    first, reason, node = message.splitlines()
+    assert first.startswith(tuple(
+        OUT_OF_RANGE_START['cpu'].format(i) for i in (7, 9))), message
+    assert _GATHER_OUT_OF_RANGE.fullmatch(reason), message
+    assert node.lstrip().startswith('[[{{node dense_features/'), node
+  else:
+    assert message == OUT_OF_RANGE_START[path].format('7 9') + (
+        ', or hash or clip the ids in input_fn.')
+  assert 'Detected at node' not in message, message
+  assert raised.value.__cause__ is None and raised.value.__suppress_context__
 
 
 _GATHER_OUT_OF_RANGE = re.compile(
@@ -369,9 +414,11 @@ def test_last_batch_not_divisible_by_num_shards(path, tmp_path):
         expected_table(unweighted(ids[:4]) + unweighted(ids[4:]), path),
         rtol=1e-6, atol=1e-6)
     return
+  # (On the tensor core the padded ids' mask, ids__TENSOR_CORE_MASK, may fail
+  # first.)
   _assert_raised(error, tf.errors.InvalidArgumentError, [
-      'The batch of feature ids',
-      'does not divide into num_shards=2 TPU shards; batch size:] [1]'])
+      ': batch size 1 does not divide into num_shards=2 TPU shards; make every '
+      'batch of input_fn a multiple of 2 examples'], start='Feature ids')
   # Steps 1 and 2 run as one loop (iterations_per_loop=2), which failed as a
   # whole, as on a TPU: the checkpoint of step 0 is kept and restores.
   assert estimator.get_variable_value('global_step') == 0
@@ -449,17 +496,17 @@ def _trained_dirs(tmp_path_factory):
   return dirs
 
 
-def _use(estimator, mode, tmp_path):
-  """Runs `mode` of the estimator once (export: to tmp_path)."""
-  input_fn = make_input_fn(lambda: {'ids': sparse(IDS)})
+def _use(estimator, mode, tmp_path, ids=IDS):
+  """Runs `mode` of the estimator once on `ids` (export: to tmp_path)."""
+  input_fn = make_input_fn(lambda: {'ids': sparse(ids)})
   if mode == 'train':
     return estimator.train(input_fn, steps=1)
   if mode == 'evaluate':
     return estimator.evaluate(input_fn, steps=1)
   if mode == 'predict':
-    return next(estimator.predict(lambda params: {'ids': sparse(IDS)}))
+    return next(estimator.predict(lambda params: {'ids': sparse(ids)}))
   with tf.Graph().as_default():
-    features = {'ids': sparse(IDS)}
+    features = {'ids': sparse(ids)}
   return estimator.export_saved_model(
       str(tmp_path / 'export'),
       tpu_fc.export.build_raw_serving_input_receiver_fn(features))

@@ -459,8 +459,8 @@ def test_mid_level_export_serves_tables_and_rejects_bad_ids(trained, tmp_path):
   np.testing.assert_allclose(serve(examples=tf.constant([_example(ids)]))['score'],
                              [expected], rtol=1e-5)
   with pytest.raises(tf.errors.InvalidArgumentError,
-                     match=r'Feature a: ids must be < vocabulary size 10 of '
-                     r'table tbl_a'):
+                     match=r'Feature a \(table tbl_a\): ids \[12\] are out of '
+                     r'range \[0, 10\)'):
     serve(examples=tf.constant([_example(dict(ids, a=[12]))]))
   np.testing.assert_allclose(serve(examples=tf.constant([_example(ids)]))['score'],
                              [expected], rtol=1e-5)

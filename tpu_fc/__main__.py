@@ -156,10 +156,14 @@ def main(argv=None):
                    help='arguments passed to the script')
   run.set_defaults(handler=_run)
   demo = commands.add_parser(
-      'demo', help='train, evaluate and predict a built-in model on synthetic data')
+      'demo', help='train, evaluate, export and serve a built-in model on '
+      'synthetic data')
   demo.add_argument('--model_dir', default=None,
-                    help='where to write checkpoints (default: a temporary dir)')
-  demo.add_argument('--steps', type=int, default=300, help='training steps')
+                    help='where to write checkpoints and the export (default: '
+                    'a temporary dir, removed at the end)')
+  demo.add_argument('--steps', type=int, default=300,
+                    help='training steps (more steps when resuming a '
+                    '--model_dir)')
   demo.set_defaults(handler=_demo)
   _add_checkpoint_commands(commands)
   _add_cluster_command(commands)

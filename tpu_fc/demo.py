@@ -2,11 +2,15 @@
 
 The model_fn is written the way TPUEstimator users wrote them: TPU embedding columns
 (shared, weighted, sequence, tensor-core), `DenseFeatures`, a small MLP,
-`CrossShardOptimizer`, a `TPUEstimatorSpec` with `eval_metrics`.  The demo trains it
-with `use_tpu=True` (emulated on this host: tables trained by the spec's Adagrad with
-the TPU update rule), evaluates it, predicts a few rows on the CPU lookup path and
-prints what the spec becomes in mid-level API terms.
+`CrossShardOptimizer`, a `TPUEstimatorSpec` with `eval_metrics`.  The demo prints
+what the spec becomes in mid-level API terms, trains the model with `use_tpu=True`
+(emulated on this host: tables trained by the spec's Adagrad with the TPU update
+rule), evaluates it before and after, exports a SavedModel (CPU lookup) and serves
+held-out tf.Examples from it with plain TensorFlow, as a client would.
 """
+import collections
+import itertools
+import os
 import tempfile
 import time
 
@@ -161,36 +165,113 @@ def build_estimator(model_dir, use_tpu=True):
       embedding_config_spec=spec), spec
 
 
+def serving_feature_spec():
+  """What the exported model parses from a serialized tf.Example."""
+  columns, sequence_columns = feature_columns()
+  spec = fc.make_parse_example_spec(columns + sequence_columns)
+  spec['dense'] = tf.io.FixedLenFeature([DENSE], tf.float32)
+  return spec
+
+
+def serialized_examples(features, rows):
+  """`rows` of `features` as serialized tf.Examples (-1 padding ids dropped)."""
+  examples = []
+  for row in rows:
+    example = tf.train.Example()
+    for key, values in features.items():
+      values = values[row]
+      if values.dtype.kind == 'f':
+        example.features.feature[key].float_list.value.extend(values)
+      else:
+        example.features.feature[key].int64_list.value.extend(
+            values[values >= 0])
+    examples.append(example.SerializeToString())
+  return examples
+
+
+# What main printed, for callers and tests: the eval metrics after training and
+# the served sample (labels, served and estimator.predict probabilities).
+Result = collections.namedtuple('Result', [
+    'metrics', 'examples_per_second', 'export_dir', 'labels', 'served',
+    'predicted'])
+
+
 def main(model_dir=None, steps=300):
+  """Runs the demo in `model_dir`, or in a temporary dir removed at the end."""
   tf.get_logger().setLevel('ERROR')  # TF's deprecation chatter hides the demo
-  model_dir = model_dir or tempfile.mkdtemp(prefix='tpu_fc_demo_')
+  if model_dir:
+    return _run(model_dir, steps, temporary=False)
+  with tempfile.TemporaryDirectory(prefix='tpu_fc_demo_') as temporary_dir:
+    return _run(temporary_dir, steps, temporary=True)
+
+
+def _print_metrics(when, metrics):
+  """One line; the step tells a resumed --model_dir run's 'before' apart."""
+  print('{:<27} eval loss {:.4f}  AUC {:.3f}  accuracy {:.3f}'.format(
+      '{} (step {}):'.format(when, metrics['global_step']), metrics['loss'],
+      metrics['auc'], metrics['accuracy']))
+
+
+def _run(model_dir, steps, temporary):
+  """Trains `steps` more steps in `model_dir`, exports and serves."""
   estimator, spec = build_estimator(model_dir)
-  print('tpu_fc demo: TensorFlow {}, model_dir {}'.format(tf.__version__,
-                                                          model_dir))
-  print('use_tpu=True on a host without TPU: the TPU embedding engine is '
-        'emulated on 2 shards.')
+  print('tpu_fc demo, TensorFlow {}: the TPU embedding engine emulated on 2 '
+        'shards (use_tpu=True, no TPU).'.format(tf.__version__))
+  print('model_dir: {}'.format(
+      'a temporary dir, removed at the end (--model_dir keeps it)'
+      if temporary else model_dir))
   print('Embedding tables (mid-level TableConfigs from spec.to_mid_level()):')
-  mid_level = spec.to_mid_level()
-  for table in mid_level.tables:
+  for table in spec.to_mid_level().tables:
     print('  {:<38} {:>5} x {:<3} combiner={:<6} optimizer={}'.format(
         table.name, table.vocabulary_size, table.dim, table.combiner,
         type(table.optimizer).__name__))
   train_features, train_labels = synthetic_data(BATCH * 200, seed=1)
-  eval_features, eval_labels = synthetic_data(BATCH * 16, seed=2)
+  eval_batches = 16  # TPUEstimator's evaluate() on a TPU needs its steps
+  eval_features, eval_labels = synthetic_data(BATCH * eval_batches, seed=2)
+  eval_input_fn = make_input_fn(eval_features, eval_labels, False)
 
+  _print_metrics('Before training',
+                 estimator.evaluate(eval_input_fn, steps=eval_batches))
   start = time.time()
-  before = estimator.evaluate(make_input_fn(eval_features, eval_labels, False))
   estimator.train(make_input_fn(train_features, train_labels, True),
-                  max_steps=steps, hooks=[_ProgressHook(every=50)])
-  elapsed = time.time() - start
-  after = estimator.evaluate(make_input_fn(eval_features, eval_labels, False))
-  print('Trained {} steps of {} examples in {:.1f}s.'.format(
-      after['global_step'], BATCH, elapsed))
-  print('Eval loss {:.4f} -> {:.4f}, AUC {:.3f} -> {:.3f}'.format(
-      before['loss'], after['loss'], before['auc'], after['auc']))
-  predictions = estimator.predict(
-      make_input_fn(eval_features, eval_labels, False))
-  print('First predictions (click probability, label):')
-  for row, label in zip(predictions, eval_labels[:5, 0]):
-    print('  {:.3f}  {}'.format(float(row['probability'][0]), int(label)))
-  return after
+                  steps=steps, hooks=[_ProgressHook(every=100)])
+  seconds = time.time() - start
+  examples_per_second = BATCH * steps / seconds
+  print('Trained {} steps of {} examples in {:.1f}s: {:.0f} examples/s (graph '
+        'building and checkpoints included)'.format(
+            steps, BATCH, seconds, examples_per_second))
+  metrics = estimator.evaluate(eval_input_fn, steps=eval_batches)
+  _print_metrics('After training', metrics)
+
+  export_dir = estimator.export_saved_model(
+      os.path.join(model_dir, 'export'),
+      tpu_fc.export.build_parsing_serving_input_receiver_fn(
+          serving_feature_spec())).decode()
+  print('Exported a SavedModel (CPU lookup){}'.format(
+      ' into the temporary dir' if temporary else ': ' + export_dir))
+  return Result(metrics, examples_per_second, export_dir,
+                *_serve(estimator, export_dir, eval_input_fn, eval_features,
+                        eval_labels[:, 0]))
+
+
+def _serve(estimator, export_dir, input_fn, features, labels):
+  """Serves held-out rows of both labels as a client would, with plain TF.
+
+  Returns their labels, served probabilities and those of estimator.predict.
+  """
+  rows = np.concatenate([np.flatnonzero(labels == label)[:3]
+                         for label in (0, 1)])
+  signature = tf.saved_model.load(export_dir).signatures['serving_default']
+  served = signature(examples=tf.constant(
+      serialized_examples(features, rows)))['probability'].numpy()[:, 0]
+  # predict() reads its input only as far as the last sampled row.
+  predictions = itertools.islice(estimator.predict(input_fn), rows.max() + 1)
+  predicted = np.array([p['probability'][0] for p in predictions])[rows]
+  print("Served with tf.saved_model.load(...).signatures['serving_default'] "
+        'from held-out tf.Examples:')
+  print('  label  click probability')
+  for label, probability in zip(labels[rows], served):
+    print('  {:>5}  {:.3f}'.format(int(label), probability))
+  print('Same as estimator.predict: max difference {:.1g}'.format(
+      np.max(np.abs(served - predicted))))
+  return labels[rows], served, predicted

@@ -16,8 +16,6 @@ resumes both from one consistent point.
 import collections
 import os
 
-from absl import logging
-
 from tensorflow.python.data.experimental.ops import iterator_ops
 from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.training.saving import saveable_object_util
@@ -174,7 +172,7 @@ class TolerantSaver(tf.compat.v1.train.Saver):
   def _restore(self, sess, save_path):
     if self._partial is not None and save_path == self._partial[0]:
       _, saver, initialize, missing = self._partial
-      logging.warning(
+      tf.compat.v1.logging.warning(
           'Checkpoint %s has no %s (optimizer state of another training mode or '
           'optimizer); they start from their initial values.', save_path,
           ', '.join(missing))
@@ -216,9 +214,9 @@ def remove_cut_short_saves(model_dir):
     except (tf.errors.OpError, RuntimeError) as error:
       for path in tf.io.gfile.glob(prefix + '.*'):
         tf.io.gfile.remove(path)
-      logging.warning('Removed %s, a checkpoint whose save was cut short (it '
-                      'was never named in the checkpoint state; %s).', prefix,
-                      _reason(error))
+      tf.compat.v1.logging.warning(
+          'Removed %s, a checkpoint whose save was cut short (it was never '
+          'named in the checkpoint state; %s).', prefix, _reason(error))
 
 
 def add_saver(graph, checkpoint_path, config):
@@ -305,11 +303,11 @@ class InputPipelinePosition:
       return
     saved = checkpoint_shapes(checkpoint_path)
     if not all(spec.name in saved for spec in self._saveable.specs):
-      logging.warning(
+      tf.compat.v1.logging.warning(
           'Checkpoint %s has no input pipeline position (it was written '
           'without CheckpointInputPipelineHook); the input starts from its '
           'beginning.', checkpoint_path)
       return
-    logging.info('Restoring the input pipeline position from %s',
-                 checkpoint_path)
+    tf.compat.v1.logging.info('Restoring the input pipeline position from %s',
+                              checkpoint_path)
     self._saver.restore(session, checkpoint_path)

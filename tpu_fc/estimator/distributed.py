@@ -20,8 +20,6 @@ import contextlib
 import threading
 import time
 
-from absl import logging
-
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.training import optimizer as optimizer_lib
 
@@ -45,8 +43,9 @@ def server(config):
          repr(sorted(config.cluster_spec.as_dict().items())))
   with _servers_lock:
     if key not in _servers:
-      logging.info('Starting the TensorFlow server of %s task %d.',
-                   config.task_type, config.task_id)
+      tf.compat.v1.logging.info(
+          'Starting the TensorFlow server of %s task %d.', config.task_type,
+          config.task_id)
       _servers[key] = tf.distribute.Server(
           config.cluster_spec, job_name=config.task_type,
           task_index=config.task_id, protocol=config.protocol,
@@ -57,8 +56,8 @@ def server(config):
 
 def join(config):
   """Serves this ps task's variables until the process is stopped."""
-  logging.info('ps task %d serves variables at %s.', config.task_id,
-               server(config).target)
+  tf.compat.v1.logging.info('ps task %d serves variables at %s.',
+                            config.task_id, server(config).target)
   server(config).join()
 
 
@@ -387,7 +386,7 @@ class _SyncReplicasHook(tf.compat.v1.train.SessionRunHook):
       except (tf.errors.CancelledError, tf.errors.AbortedError,
               tf.errors.UnavailableError, RuntimeError) as error:
         if not self._stop.is_set():
-          logging.warning('Synchronous update stopped: %s', error)
+          tf.compat.v1.logging.warning('Synchronous update stopped: %s', error)
         return
 
   def end(self, session):

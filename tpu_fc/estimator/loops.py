@@ -12,22 +12,22 @@ from google.protobuf import message
 from tpu_fc._tf import tf
 from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
+from tpu_fc.estimator import input_errors
 from tpu_fc.estimator import tpu_emulation
 
 _LOSS = 'loss'
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
 
 
-def train(spec, hooks, saving_listeners, config, log_step_count_steps):
+def train(spec, hooks, saving_listeners, config):
   """Trains until a hook stops the session; returns the last loss value.
 
   Args:
-    spec: the TRAIN `EstimatorSpec`.
+    spec: the TRAIN `EstimatorSpec`, its training hooks with the driver's
+      progress logging.
     hooks: input, caller and stop hooks, run before the spec's own.
     saving_listeners: `CheckpointSaverListener`s for the checkpoint hook.
     config: the estimator's `RunConfig`.
-    log_step_count_steps: log `loss = ..., step = ...` every this many steps,
-      or None.
   """
   graph = tf.compat.v1.get_default_graph()
   summaries = graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
@@ -37,11 +37,6 @@ def train(spec, hooks, saving_listeners, config, log_step_count_steps):
 
   worker_hooks = list(hooks)
   worker_hooks.append(tf.compat.v1.train.NanTensorHook(spec.loss))
-  if log_step_count_steps is not None:
-    worker_hooks.append(
-        tf.compat.v1.train.LoggingTensorHook(
-            {_LOSS: spec.loss, 'step': tf.compat.v1.train.get_global_step()},
-            every_n_iter=log_step_count_steps))
   worker_hooks.extend(spec.training_hooks)
 
   chief_hooks = []
@@ -77,7 +72,7 @@ def train(spec, hooks, saving_listeners, config, log_step_count_steps):
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
-  with _hooks_fetching_loop_tensors_explained(), \
+  with input_errors.explained(), _hooks_fetching_loop_tensors_explained(), \
       tf.compat.v1.train.MonitoredTrainingSession(
       master=config.master,
       is_chief=config.is_chief,
@@ -159,14 +154,15 @@ def evaluate(spec, hooks, checkpoint_path, config, output_dir):
         local_init_op=tf.group(scaffold.local_init_op, default_local_init_op),
         copy_from_scaffold=scaffold)
 
-  results = _tf_private.evaluate_once(
-      checkpoint_path=checkpoint_path,
-      master=config.evaluation_master,
-      scaffold=scaffold,
-      eval_ops=tf.group(*update_ops),
-      final_ops=eval_dict,
-      hooks=list(hooks) + list(spec.evaluation_hooks),
-      config=config.session_config)
+  with input_errors.explained():
+    results = _tf_private.evaluate_once(
+        checkpoint_path=checkpoint_path,
+        master=config.evaluation_master,
+        scaffold=scaffold,
+        eval_ops=tf.group(*update_ops),
+        final_ops=eval_dict,
+        hooks=list(hooks) + list(spec.evaluation_hooks),
+        config=config.session_config)
   step = results[_GLOBAL_STEP]
   _write_dict_to_summary(output_dir, results, step)
   if checkpoint_path:
@@ -195,7 +191,7 @@ def predict(spec, hooks, checkpoint_path, config, predict_keys,
 
 def _generate_predictions(session, predictions, yield_single_examples):
   # The `with` ends the session quietly when input runs out (OutOfRange).
-  with session:
+  with input_errors.explained(), session:
     while not session.should_stop():
       values = session.run(predictions)
       if not yield_single_examples:

@@ -1,0 +1,64 @@
+"""A step's bad input, reported by what is wrong with it rather than where it failed.
+
+TF reports a failing op of `session.run` as `Graph execution error:`, the Python
+stack that defined the op, then the op's own text.  For two kinds of input error
+the driver re-raises the same error class with a message that starts with the
+feature and the bad values and says what to do (no chained traceback):
+
+* a failed input check of the emulated TPU (`embedding_core.input_check`): its
+  message alone;
+* an id outside a feature column's table (`use_tpu=False`, and the CPU lookups of
+  prediction): the feature, the column, the id and the range, then TF's text and
+  node.  Only the message changes: the graph is TF 2.15's.
+
+Other errors pass unchanged.
+"""
+import contextlib
+import re
+
+from tpu_fc._tf import tf
+from tpu_fc.lookup import embedding_core
+
+_FAILED_CHECK = re.compile(
+    r'^assertion failed: \[(.*)\]\n\s*\[\[\{\{node (?:[^{}]*/)?' +
+    embedding_core.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
+# TF's gather error in a column's lookup (`<column>_weights/embedding_lookup`,
+# `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), and its node.
+_ID_OUT_OF_RANGE = re.compile(
+    r'^indices\[\d+\] = (-?\d+) is not in \[0, (\d+)\)\n'
+    r'\s*\[\[\{\{node (?:[^{}]*/)?([^/{}]+)_weights/'
+    r'(?:embedding_lookup_sparse/)?embedding_lookup\}\}\]\]', re.MULTILINE)
+_EMBEDDING_COLUMN_NAME = re.compile(
+    r'^(.+?)(?:_weighted_by_.+)?_(?:shared_)?embedding$')
+
+
+@contextlib.contextmanager
+def explained():
+  """Re-raises an input error of the steps run inside with the message above."""
+  try:
+    yield
+  except tf.errors.InvalidArgumentError as error:
+    message = _explanation(error.message)
+    if message is None:
+      raise
+    # Without the op, whose definition stack str(error) would list after it.
+    raise type(error)(error.node_def, None, message) from None
+
+
+def _explanation(message):
+  """The message to show for TF's `message`, or None to keep TF's."""
+  check = _FAILED_CHECK.search(message)
+  if check:
+    return check.group(1)
+  gather = _ID_OUT_OF_RANGE.search(message)
+  if not gather:
+    return None
+  value, size, column = gather.groups()
+  # Out-of-range ids come from identity columns, whose name is the feature's.
+  name = _EMBEDDING_COLUMN_NAME.match(column)
+  if not name:
+    return None
+  return ('Feature {} (column {}): id {} is out of range [0, {}); use a '
+          'num_buckets above the largest id in its identity column (or a '
+          'default_value for such ids), or hash or clip the ids in input_fn.'
+          '\n{}'.format(name.group(1), column, value, size, gather.group(0)))
