@@ -902,3 +902,35 @@ def test_deepcopied_columns_build_same_graph():
   clones = copy.deepcopy(_graph_columns(tpu_fc.embedding_column,
                                         tpu_fc.shared_embedding_columns))
   _assert_same_graph_result(expected, _run_graph(build(clones)))
+
+
+# Variable-scope validation in TPU mode (TF's `create_state`). ----------------------
+
+def _create_state_in_scopes(column, scopes):
+  """`create_state` of `column` in each variable scope, as on one TPU shard."""
+  from tensorflow.python.tpu import tpu_function  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default(), tpu_function.tpu_shard_context(1):
+    for scope in scopes:
+      with tf.compat.v1.variable_scope(scope):
+        column.create_state(None)
+
+
+@pytest.mark.parametrize('cls', [
+    tpu_fc.columns.EmbeddingColumn,
+    pytest.param(tf_tpu_fc._TPUEmbeddingColumnV2, id='tf'),  # pylint: disable=protected-access
+])
+def test_a_column_in_two_variable_scopes_is_an_error(cls):
+  ids = tf.feature_column.categorical_column_with_identity('aaa', 3)
+  column = cls(categorical_column=ids, dimension=2)
+  _create_state_in_scopes(column, ['tower1/scope1', 'tower1/scope1'])
+  with pytest.raises(ValueError, match=(
+      'For embedding var name aaa, the variable scope name is different, got '
+      'tower2/scope2; expected tower1/scope1')):
+    _create_state_in_scopes(column, ['tower1/scope1', 'tower2/scope2'])
+  bypassing = cls(categorical_column=ids, dimension=2,
+                  bypass_scope_validation=True)
+  _create_state_in_scopes(bypassing, ['tower1/scope1', 'tower2/scope2'])
+  _create_state_in_scopes(copy.deepcopy(bypassing),
+                          ['tower1/scope1', 'tower2/scope2'])
+  assert copy.deepcopy(bypassing)._bypass_scope_validation  # pylint: disable=protected-access
+

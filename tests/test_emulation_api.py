@@ -15,9 +15,10 @@ Every expected value is derived here, independently of the code under test:
 * activations by hand (LEGACY_SEMANTICS §5: combiners over weights, empty rows 0,
   dense ids drop id 0 on the TPU path, sequences zero-padded / truncated at
   `max_sequence_length`), the gradient of every looked-up id by the chain rule;
-* table updates by `tpu_fc.reference.apply_sparse_update` (THE definition of the TPU
-  update rules), CPU model-optimizer updates (use_tpu=False, tensor-core columns)
-  by the TF1 optimizer formulas written out here;
+* table updates by `tpu_fc.reference` (THE definition of the TPU update rules,
+  per core: `apply_update_by_core`), compared within the float32 error bound of
+  `helpers.ReferenceSteps`, CPU model-optimizer updates (use_tpu=False,
+  tensor-core columns) by the TF1 optimizer formulas written out here;
 * checkpoint names from LEGACY_SEMANTICS §7.
 """
 import dataclasses
@@ -31,6 +32,7 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
+import helpers
 import tpu_fc
 from tpu_fc import reference
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
@@ -40,6 +42,9 @@ V, D, B, NS = 6, 2, 4, 2        # vocabulary, dimension, global batch, shards
 L = 2                           # max_sequence_length
 MODEL_LR = 0.5                  # the model_fn's own optimizer (bias, tensor core)
 BIAS0 = 0.25
+# Model variables, metrics and activations against numpy by hand: float32 sums
+# of a few terms (~1e-7 of values below 10) on tables that differ from the
+# reference's within the update bound (~1e-6 here).
 TOL = dict(rtol=1e-5, atol=1e-5)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -155,51 +160,63 @@ class Feat:
     return out
 
   def row_grads(self, dact, tpu=True):
-    """(ids, grads): d(loss)/d(row) of every looked-up entry, by the chain rule."""
+    """(ids, examples, grads) of every looked-up entry; grads by the chain rule."""
     entries = self.entries(tpu)
-    ids, grads = [], []
+    ids, examples, grads = [], [], []
     if self.seq_len:
       for b, j, i, _ in entries:
         if j < self.seq_len:
           ids.append(i)
+          examples.append(b)
           grads.append(dact[b, j])
     else:
       norms = self._norms(entries)
       for b, _, i, w in entries:
         ids.append(i)
+        examples.append(b)
         grads.append(dact[b] * w / norms[b])
-    return ids, np.array(grads, np.float32).reshape(-1, D)
+    return ids, examples, np.array(grads, np.float32).reshape(-1, D)
 
 
 class Table:
   """The numpy model of one embedding-core table and its slots."""
 
   def __init__(self, name, init, params, feats):
-    self.name, self.params, self.feats = name, params, feats
-    self.w = init.copy()
-    self.slots = reference.init_slots(params, init.shape)
+    self.name, self.feats = name, feats
+    # row_grads rounds at most as often as the engine: the norm's sqrt,
+    # dact·w, / norm, the multiplier.
+    self.want = helpers.ReferenceSteps(
+        params, init, reference.init_slots(params, init.shape),
+        gradient_roundings=helpers.ENGINE_GRADIENT_ROUNDINGS)
 
-  def step(self, dacts, lr, multiplier=1.0, tpu=True):
-    """One TPU embedding update: `dacts` = {feature key: d(loss)/d(activation)}."""
-    ids, grads = [], []
+  @property
+  def w(self):
+    return self.want.table
+
+  def step(self, dacts, lr, multiplier=1.0, tpu=True, num_shards=NS):
+    """One TPU embedding update: `dacts` = {feature key: d(loss)/d(activation)}.
+
+    The examples split evenly over `num_shards` cores, whose sums apply in the
+    TPU's per-core order.
+    """
+    ids, cores, grads = [], [], []
     for feat in self.feats:
-      i, g = feat.row_grads(dacts[feat.key], tpu)
+      i, examples, g = feat.row_grads(dacts[feat.key], tpu)
       ids += i
+      cores += [b // (B // num_shards) for b in examples]
       grads.append(g)
     grads = np.concatenate(grads) * np.float32(multiplier)
-    self.w, self.slots = reference.apply_sparse_update(
-        self.params, self.w, self.slots, np.array(ids, np.int64), grads, lr)
+    self.want.step(np.array(ids, np.int64), grads, lr, cores=cores,
+                   num_cores=num_shards)
 
   def check(self, estimator, step):
-    np.testing.assert_allclose(
-        estimator.get_variable_value(self.name), self.w, **TOL,
+    suffixes = SLOT_SUFFIX[type(self.want.params).__name__]
+    self.want.assert_matches(
+        estimator.get_variable_value(self.name),
+        {slot: estimator.get_variable_value(
+            '{}/{}'.format(self.name, suffixes[slot]))
+         for slot in self.want.slots},
         err_msg='{} after step {}'.format(self.name, step))
-    suffixes = SLOT_SUFFIX[type(self.params).__name__]
-    for slot, value in self.slots.items():
-      name = '{}/{}'.format(self.name, suffixes[slot])
-      np.testing.assert_allclose(
-          estimator.get_variable_value(name), value, **TOL,
-          err_msg='{} after step {}'.format(name, step))
 
 
 # Fixed data: duplicates inside and across examples, an empty example (2), id 0
@@ -490,8 +507,8 @@ def test_learning_rate_fn_gets_the_pre_increment_global_step(tmp_path):
   def rate(step):
     return 0.1 + 0.05 * tf.cast(step, tf.float32)
 
-  def rate_np(step):
-    return 0.1 + 0.05 * step
+  def rate_np(step):  # in float32, as rate
+    return np.float32(0.1) + np.float32(0.05) * np.float32(step)
 
   def column_fn():
     return [fa.column(init_a, learning_rate_fn=rate), fb.column(init_b)], []
@@ -561,8 +578,9 @@ def test_num_shards_1_with_a_spec_is_refused(tmp_path):
                               'when embedding_config_spec is not None.')
 
 
-def test_mean_loss_gives_the_same_tables_on_any_number_of_shards(tmp_path):
-  """CrossShardOptimizer + mean loss: d(loss)/d(act) = c / global batch."""
+def test_mean_loss_on_any_number_of_shards(tmp_path):
+  """CrossShardOptimizer + mean loss: d(loss)/d(act) = c / global batch on any
+  number of shards; the tables differ only by the TPU's per-core order."""
   fa = Feat('a', A_SP, combiner='mean')
   fw = Feat('w', B_SP, weights=[1.0, 0.5, 2.0, 1.5, 0.75], combiner='sqrtn')
   fs = Feat('s', S_SP, seq_len=L)
@@ -576,7 +594,8 @@ def test_mean_loss_gives_the_same_tables_on_any_number_of_shards(tmp_path):
   c = coefficients(6, 2 * D)   # a_embedding, w_weighted_by_w_w_embedding
   cs = coefficients(7, L, D)
   input_fn = make_input_fn([fa, fw, fs], c, cs)
-  results = {}
+  dacts = {'a': c[:, :D] / B, 'w': c[:, D:] / B, 's': cs / B}
+  dense = {}
   for num_shards in (None, 2, 4):
     seen = []
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=sum(column_fn(), []),
@@ -587,27 +606,28 @@ def test_mean_loss_gives_the_same_tables_on_any_number_of_shards(tmp_path):
         spec, num_shards=num_shards)
     estimator.train(input_fn, steps=2)
     assert set(seen) == {B // (num_shards or 1)}, num_shards
-    results[num_shards] = {n: estimator.get_variable_value(n)
-                           for n in estimator.get_variable_names()}
-  tables = [
-      Table('dense_features/a_embedding/embedding_weights', inits['a'], params,
-            [fa]),
-      Table('dense_features/w_weighted_by_w_w_embedding/embedding_weights',
-            inits['w'], params, [fw]),
-      Table('sequence_features/s_embedding/embedding_weights', inits['s'],
-            params, [fs]),
-  ]
-  dacts = {'a': c[:, :D] / B, 'w': c[:, D:] / B, 's': cs / B}
-  for table in tables:
-    for _ in range(2):
-      table.step(dacts, 0.2)
-    table.check(estimator, 2)
+    tables = [
+        Table('dense_features/a_embedding/embedding_weights', inits['a'],
+              params, [fa]),
+        Table('dense_features/w_weighted_by_w_w_embedding/embedding_weights',
+              inits['w'], params, [fw]),
+        Table('sequence_features/s_embedding/embedding_weights', inits['s'],
+              params, [fs]),
+    ]
+    for table in tables:
+      for _ in range(2):
+        table.step(dacts, 0.2, num_shards=num_shards or 1)
+      table.check(estimator, 2)
+    dense[num_shards] = {
+        n: estimator.get_variable_value(n)
+        for n in estimator.get_variable_names()
+        if not any(n.startswith(table.name) for table in tables)}
+    check_bias(estimator, c, 2, 1.0 / B)
   for num_shards in (2, 4):
-    assert sorted(results[num_shards]) == sorted(results[None])
-    for name, value in results[None].items():
-      np.testing.assert_allclose(results[num_shards][name], value, rtol=1e-6,
+    assert sorted(dense[num_shards]) == sorted(dense[None])
+    for name, value in dense[None].items():
+      np.testing.assert_allclose(dense[num_shards][name], value, rtol=1e-6,
                                  atol=1e-6, err_msg=name)
-  check_bias(estimator, c, 2, 1.0 / B)
 
 
 # 4. Evaluate and predict after training. -------------------------------------
@@ -740,7 +760,7 @@ def test_cpu_model_optimizer_trains_tables_and_the_spec_is_ignored(tmp_path):
   assert set(estimator.get_variable_names()) == {
       'global_step', 'bias', 'bias/Momentum', name, name + '/Momentum'}
   # CPU lookup: dense id 0 is a real id; full gradient c per example (no shards).
-  ids, grads = feat.row_grads(c, tpu=False)
+  ids, _, grads = feat.row_grads(c, tpu=False)
   assert 0 in ids
   g = np.zeros((V, D), np.float32)
   np.add.at(g, ids, grads)
@@ -840,7 +860,8 @@ def test_cross_restore_between_cpu_and_tpu_adagrad(tmp_path, order):
   """A model_dir trained one way continues the other way from its tables and slots.
 
   Mean loss, so d(loss)/d(act) = c / B on both; model Adagrad (CPU) and spec
-  AdagradParameters (TPU) apply the same rule, so 2 steps = 2 reference steps.
+  AdagradParameters (TPU) apply the same rule, so 2 steps = 2 reference steps
+  (the CPU's one update, the TPU's per-core ones).
   """
   feat = Feat('a', A_SP, combiner='mean')
   init = init_table(16)
@@ -865,7 +886,7 @@ def test_cross_restore_between_cpu_and_tpu_adagrad(tmp_path, order):
   for step, use_tpu in enumerate(modes, 1):
     estimator = make_estimator(tmp_path, model_fn, spec, use_tpu=use_tpu)
     estimator.train(input_fn, steps=1)
-    table.step({'a': c / B}, 0.2)
+    table.step({'a': c / B}, 0.2, num_shards=NS if use_tpu else 1)
     table.check(estimator, step)
     g = c.sum(0) / B
     accumulator = accumulator + g * g

@@ -1,6 +1,13 @@
-"""The spec's runtime options: pipeline_execution_with_tensor_core, profile_data_directory."""
+"""The spec's runtime options: pipeline_execution_with_tensor_core, profile_data_directory.
+
+Tables are compared with the reference's within its float32 error bound
+(`helpers.ReferenceSteps`).
+"""
+import copy
+
 import numpy as np
 
+import helpers
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
@@ -45,36 +52,39 @@ def _run_engine(pipelined, steps):
       return seen, tables, session.run(engine.tables['tbl_a'])
 
 
-def _reference_tables(steps, c=C):
-  """Tables after each step without pipelining (the loss is linear: d/dact = c)."""
+def _reference_steps(steps, c=C, num_shards=1):
+  """The reference after each step without pipelining (the loss is linear:
+  d/dact = c, passed on exactly by the sum combiner).
+
+  Example e of the batch lies on core e·num_shards // batch.
+  """
   params = _spec(False).optimization_parameters
-  table, slots = TABLE, reference.init_slots(params, TABLE.shape)
+  want = helpers.ReferenceSteps(params, TABLE,
+                                reference.init_slots(params, TABLE.shape))
   flat_ids = IDS.reshape(-1)
   grads = np.repeat(c, IDS.shape[1], axis=0)
-  tables = []
-  for _ in range(steps):
-    table, slots = reference.apply_sparse_update(params, table, slots,
-                                                 flat_ids, grads, 0.1)
-    tables.append(table)
-  return tables
+  cores = np.repeat(np.arange(len(IDS)) * num_shards // len(IDS), IDS.shape[1])
+  return [copy.copy(want.step(flat_ids, grads, 0.1, cores=cores,
+                              num_cores=num_shards))
+          for _ in range(steps)]
 
 
 def test_next_lookup_misses_the_previous_update():
   seen, tables, flushed = _run_engine(pipelined=True, steps=3)
-  expected = _reference_tables(3)
+  expected = _reference_steps(3)
   np.testing.assert_array_equal(tables[0], TABLE)  # step 1's update parked
   np.testing.assert_allclose(seen[1], seen[0])  # step 2 looked up before it
-  np.testing.assert_allclose(tables[1], expected[0], rtol=1e-6)
-  np.testing.assert_allclose(tables[2], expected[1], rtol=1e-6)
-  np.testing.assert_allclose(flushed, expected[2], rtol=1e-6)
+  expected[0].assert_matches(tables[1])
+  expected[1].assert_matches(tables[2])
+  expected[2].assert_matches(flushed)
 
 
 def test_without_pipelining_each_lookup_sees_the_previous_update():
   seen, tables, flushed = _run_engine(pipelined=False, steps=2)
-  expected = _reference_tables(2)
-  np.testing.assert_allclose(tables[0], expected[0], rtol=1e-6)
+  expected = _reference_steps(2)
+  expected[0].assert_matches(tables[0])
   assert not np.allclose(seen[1], seen[0])
-  np.testing.assert_allclose(flushed, expected[1], rtol=1e-6)
+  expected[1].assert_matches(flushed)
 
 
 def test_checkpoints_hold_every_parked_update(tmp_path):
@@ -98,9 +108,9 @@ def test_checkpoints_hold_every_parked_update(tmp_path):
       config=tpu_fc.RunConfig(model_dir=str(tmp_path),
                               tpu_config=tpu_fc.TPUConfig(num_shards=2)))
   estimator.train(input_fn, max_steps=2)
-  np.testing.assert_allclose(
-      estimator.get_variable_value('dense_features/a_embedding/embedding_weights'),
-      _reference_tables(2, c=np.tile(C[:1], (2, 1)))[1], rtol=1e-6)
+  want = _reference_steps(2, c=np.tile(C[:1], (2, 1)), num_shards=2)[1]
+  want.assert_matches(estimator.get_variable_value(
+      'dense_features/a_embedding/embedding_weights'))
 
 
 def test_profile_data_directory_gets_lookup_statistics(tmp_path):

@@ -174,25 +174,36 @@ def _device_enum(device):
   return {v: k for k, v in _DEVICE_NAMES.items()}[device]
 
 
-def _record_table_name(column, state_manager):
+def _record_table_name(column, state_manager, validate_scope=False):
   """Records, in TPU mode, the name the CPU path gives this column's table.
 
   DenseFeatures calls `create_state` outside the layer's scope, so TF's own
   record there (the bare enclosing scope) would name every such table
   `embedding_weights`.  On the CPU the table is
   `<scope>/<layer>/<column>/embedding_weights`; that is recorded instead, so TPU
-  and CPU checkpoints share their names.
+  and CPU checkpoints share their names.  With `validate_scope`, TF's check runs
+  on the bare scope as TF records it: a second, different scope is an error.
+  The bare scopes are kept beside the names, in the collection's second entry
+  (TF reads the first only), so the shards' replication resets both.
   """
-  scope = variable_scope.get_variable_scope().name
+  graph = tf_ops.get_default_graph()
+  bare_scope = variable_scope.get_variable_scope().name
+  var_name = column.get_embedding_var_name()
+  recorded = graph.get_collection_ref(tpu_fc_v1._TPU_FC_TO_SCOPE)  # pylint: disable=protected-access
+  while len(recorded) < 2:
+    recorded.append({})
+  names, bare_scopes = recorded
+  first = bare_scopes.setdefault(var_name, bare_scope)
+  if validate_scope and first != bare_scope:
+    raise ValueError(
+        'For embedding var name {}, the variable scope name is different, '
+        'got {}; expected {}'.format(var_name, bare_scope, first))
+  scope = bare_scope
   layer = getattr(state_manager, '_layer', None)
   if not scope.endswith(column.name):  # SequenceFeatures builds in the column's scope
     scope = '/'.join(part for part in (
         scope, layer.name if layer is not None else None, column.name) if part)
-  graph = tf_ops.get_default_graph()
-  recorded = graph.get_collection_ref(tpu_fc_v1._TPU_FC_TO_SCOPE)  # pylint: disable=protected-access
-  if not recorded:
-    recorded.append({})
-  recorded[0][column.get_embedding_var_name()] = (scope, 'embedding_weights')
+  names[var_name] = (scope, 'embedding_weights')
 
 
 def _in_tpu_mode():
@@ -204,7 +215,9 @@ class EmbeddingColumn(_TpuFcColumnMixin, tpu_fc_v2._TPUEmbeddingColumnV2):  # py
 
   def create_state(self, state_manager):
     if _in_tpu_mode():
-      return _record_table_name(self, state_manager)
+      return _record_table_name(
+          self, state_manager,
+          validate_scope=not self._bypass_scope_validation)
     return super().create_state(state_manager)
 
   def _new_args(self):
@@ -213,7 +226,8 @@ class EmbeddingColumn(_TpuFcColumnMixin, tpu_fc_v2._TPUEmbeddingColumnV2):  # py
         combiner=self.combiner, initializer=self.initializer,
         max_sequence_length=self.get_max_sequence_length(),
         learning_rate_fn=self.get_learning_rate_fn(),
-        use_safe_embedding_lookup=self.use_safe_embedding_lookup)
+        use_safe_embedding_lookup=self.use_safe_embedding_lookup,
+        bypass_scope_validation=self._bypass_scope_validation)
 
 
 class DeviceSpecificEmbeddingColumn(_DeviceMixin,
@@ -251,7 +265,9 @@ class DeviceSpecificEmbeddingColumn(_DeviceMixin,
       return fc_lib.EmbeddingColumn.create_state(self, state_manager)
     if (_in_tpu_mode() and self._embedding_lookup_device ==
         tpu_fc_v2.EmbeddingDevice.TPU_EMBEDDING_CORE):
-      return _record_table_name(self, state_manager)
+      return _record_table_name(
+          self, state_manager,
+          validate_scope=not self._bypass_scope_validation)
     return super().create_state(state_manager)
 
 

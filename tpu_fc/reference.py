@@ -35,6 +35,17 @@ Step order (each choice and its source):
    `[clip_weight_min, clip_weight_max]` (proto: "Limits to which to clip the
    weight values after the backward pass"), so it comes last.
 
+**Several cores** (`apply_update_by_core`): on a TPU a table's rows live on its
+cores modulo (`id mod num_cores`).  Within a core the gradients of one id are
+summed; across cores the per-core sums are applied one core after another, each
+a full step 1-5 above: the core holding the id first, then the others in ring
+order (holder + 1, holder + 2, ... modulo num_cores), skipping cores that did
+not see the id.  TF 2.15's TPU test of this (tensorflow_estimator's
+`tpu_estimator_gradients_test.py`, `test_adagrad_opt_embedding_variables_on_tpu`)
+pins the order for 2 cores; the ring order beyond 2 is tpu_fc's assumption.
+Non-lazy Adam's zero-gradient step of the rows no core looked up happens once
+per step, with the first application (no evidence of a decay per core).
+
 `learning_rate` is an argument, never read from the parameters object: the
 caller resolves `TableConfig.learning_rate` / `learning_rate_fn` first.
 Optimizers are recognised by class name and read only the legacy attribute
@@ -190,7 +201,8 @@ def _clip(x, low, high):
   return x
 
 
-def apply_sparse_update(params, table, slots, ids, grads, learning_rate):
+def apply_sparse_update(params, table, slots, ids, grads, learning_rate,
+                        every_row=True):
   """One embedding update step; returns `(new_table, new_slots)`.
 
   Args:
@@ -201,6 +213,8 @@ def apply_sparse_update(params, table, slots, ids, grads, learning_rate):
     ids: 1-D int row ids, duplicates allowed.
     grads: `[len(ids), dim]` gradient of each id.
     learning_rate: the resolved learning rate (python float).
+    every_row: False for the later applications of a multi-core step, where
+      non-lazy Adam updates the rows `ids` only.
 
   Inputs are never modified; the results are new float32 arrays.
   """
@@ -225,7 +239,8 @@ def apply_sparse_update(params, table, slots, ids, grads, learning_rate):
   g = np.zeros((rows.shape[0], table.shape[1]), dtype=_F32)
   np.add.at(g, position.reshape(-1), grads)
   g = _clip(g, params.clip_gradient_min, params.clip_gradient_max)
-  if type(params).__name__ == 'AdamParameters' and not params.lazy_adam:
+  if (every_row and type(params).__name__ == 'AdamParameters' and
+      not params.lazy_adam):
     dense_g = np.zeros_like(table)
     dense_g[rows] = g
     rows, g = np.arange(table.shape[0]), dense_g
@@ -242,4 +257,36 @@ def apply_sparse_update(params, table, slots, ids, grads, learning_rate):
   table[rows] = _clip(w_new, params.clip_weight_min, params.clip_weight_max)
   for name, value in new_slot_rows.items():
     slots[name][rows] = value
+  return table, slots
+
+
+def apply_update_by_core(params, table, slots, ids, grads, cores, num_cores,
+                         learning_rate):
+  """One step of a table on `num_cores` cores; `cores[i]` is the core of `ids[i]`.
+
+  Returns `(new_table, new_slots)`: the per-core sums applied in the TPU's core
+  order (module docstring), one `apply_sparse_update` per application.
+  """
+  ids = np.asarray(ids).astype(np.int64).reshape(-1)
+  cores = np.asarray(cores).astype(np.int64).reshape(-1)
+  grads = np.asarray(grads, dtype=_F32)
+  if cores.shape != ids.shape or np.any((cores < 0) | (cores >= num_cores)):
+    raise ValueError(f'cores must give a core in [0, {num_cores}) per id; got '
+                     f'{cores} for ids {ids}.')
+  per_core = collections.defaultdict(dict)  # id -> {core: summed gradient}
+  for row, core, g in zip(ids.tolist(), cores.tolist(), grads):
+    sums = per_core[row]
+    sums[core] = sums[core] + g if core in sums else g.copy()
+  applications = {  # id -> its per-core sums, in application order
+      row: [sums[core] for core in sorted(
+          sums, key=lambda c, r=row: (c - r % num_cores) % num_cores)]
+      for row, sums in per_core.items()}
+  if not applications:  # non-lazy Adam still takes its one step
+    return apply_sparse_update(params, table, slots, ids, grads, learning_rate)
+  for turn in range(max(len(sums) for sums in applications.values())):
+    rows = [row for row, sums in applications.items() if len(sums) > turn]
+    table, slots = apply_sparse_update(
+        params, table, slots, np.array(rows, dtype=np.int64),
+        np.stack([applications[row][turn] for row in rows]), learning_rate,
+        every_row=turn == 0)
   return table, slots

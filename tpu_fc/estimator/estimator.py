@@ -23,6 +23,7 @@ from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import loops
+from tpu_fc.estimator import replication
 from tpu_fc.estimator import tpu_context
 from tpu_fc.estimator import tpu_emulation
 from tpu_fc.estimator.config import check_positive_integer
@@ -159,10 +160,11 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
 
 
 def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
-  """(every_n_steps, every_n_secs) of the global_step/sec and examples/sec logs.
+  """(every_n_steps, every_n_secs) of TPUEstimator's progress logs, CPU or TPU.
 
-  TF logged once per TPU loop: every ceil(log_step_count_steps /
-  iterations_per_loop) steps, or every N seconds for an 'Ns' loop, also on CPU.
+  TF 2.15's: ceil(log_step_count_steps / iterations_per_loop), counting
+  session runs (TPU loops) for the loss and global steps for the rates, or N
+  seconds for an 'Ns' iterations_per_loop.
   """
   iterations = parse_iterations_per_loop(iterations_per_loop)
   if iterations.unit == 'seconds':
@@ -512,22 +514,55 @@ class TPUEstimator(object):
       spec, input_hooks = self._build_graph(
           input_fn, ModeKeys.TRAIN, self.latest_checkpoint(),
           position_hooks[0] if position_hooks else None)
-      if (self._log_every_n_steps is not None or
-          self._log_every_n_secs is not None):
-        spec = spec._replace(training_hooks=spec.training_hooks + (
-            ExamplesPerSecondHook(
-                self._batch_sizes[ModeKeys.TRAIN],
-                every_n_steps=self._log_every_n_steps,
-                every_n_secs=self._log_every_n_secs,
-                output_dir=(self._model_dir if self._config.save_summary_steps
-                            and self._config.is_chief else None)),))
+      spec = self._with_progress_logging(spec, graph)
       if (distributed.is_parameter_server_cluster(self._config) and
           not self._config.is_chief):
         distributed.wait_for_chief(self._config)
       loss = loops.train(spec, input_hooks + hooks, saving_listeners,
-                         self._config, self._log_step_count_steps)
+                         self._config)
     tf.compat.v1.logging.info('Loss for final step: %s.', loss)
     return self
+
+  def _with_progress_logging(self, spec, graph):
+    """`spec` with the hooks logging loss, step and rates, as TF placed them.
+
+    On CPU, exactly TF 2.15's TPUEstimator(use_tpu=False): its rates after
+    the model's hooks and no loss line (it turned Estimator's off).  On the
+    emulated TPU, as
+    TPUEstimator on a TPU: both before the model's hooks, the loss with the
+    step the loop ended at every ceil(log_step_count_steps /
+    iterations_per_loop) loops (every N seconds for an 'Ns' loop).
+    """
+    hooks = tuple(spec.training_hooks)
+    steps_per_run = tpu_emulation.steps_per_run(graph)
+    rates = self._rate_hooks(steps_per_run)
+    if self._running_on_cpu(ModeKeys.TRAIN):
+      return spec._replace(training_hooks=hooks + rates)
+    if not rates:
+      return spec
+    every_n_runs = self._log_every_n_steps
+    if every_n_runs is not None:  # loops, whether or not one run makes a loop
+      every_n_runs *= parse_iterations_per_loop(
+          self._config.tpu_config.iterations_per_loop).value // steps_per_run
+    with tf.control_dependencies([spec.train_op]):
+      step = tf.compat.v1.train.get_global_step().read_value()
+    loss_logging = tf.compat.v1.train.LoggingTensorHook(
+        {'loss': spec.loss, 'step': step}, every_n_iter=every_n_runs,
+        every_n_secs=self._log_every_n_secs)
+    return spec._replace(training_hooks=(loss_logging,) + rates + hooks)
+
+  def _rate_hooks(self, steps_per_run):
+    """TPUEstimator's global_step/sec and examples/sec hook, if it logs."""
+    if self._log_every_n_steps is None and self._log_every_n_secs is None:
+      return ()
+    hook = ExamplesPerSecondHook(
+        self._batch_sizes[ModeKeys.TRAIN],
+        every_n_steps=self._log_every_n_steps,
+        every_n_secs=self._log_every_n_secs,
+        output_dir=(self._model_dir if self._config.save_summary_steps and
+                    self._config.is_chief else None))
+    hook._set_steps_per_run(steps_per_run)  # pylint: disable=protected-access
+    return (hook,)
 
   def evaluate(self,
                input_fn,
@@ -542,6 +577,11 @@ class TPUEstimator(object):
     """
     hooks = _check_hooks_type(hooks)
     self._start_cluster_server()
+    if not self._running_on_cpu(ModeKeys.EVAL):  # TF's checks on a TPU
+      if steps is None:
+        raise ValueError(
+            'Evaluate `steps` must be set on TPU. Cannot be `None`.')
+      check_positive_integer(steps, 'Eval steps')
     if steps is not None:
       if steps <= 0:
         raise ValueError('Must specify steps > 0, given: {}'.format(steps))
@@ -666,7 +706,7 @@ class TPUEstimator(object):
     """
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
-      with lookup_context.building(mode):
+      with lookup_context.building(mode), replication.one_replica():
         return to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
             self._params_for(mode, use_tpu=False)))
@@ -676,11 +716,15 @@ class TPUEstimator(object):
         return to_estimator_spec(self._call_model_fn(
             features, labels, mode, config, self._params_for(mode, use_tpu=True)))
     num_shards = self._num_shards()
-    self._check_batch_divisible(mode, num_shards)
-    params = self._params_for(mode, use_tpu=True, num_shards=num_shards)
+    broadcast = (self._config.tpu_config.per_host_input_for_training ==
+                 InputPipelineConfig.BROADCAST)
+    self._check_batch_divisible(mode, 1 if broadcast else num_shards)
+    params = self._params_for(mode, use_tpu=True,
+                              num_shards=1 if broadcast else num_shards)
     return tpu_emulation.build(
         lambda f, l: self._call_model_fn(f, l, mode, config, params),
-        features, labels, mode, self._embedding_config_spec, num_shards)
+        features, labels, mode, self._embedding_config_spec, num_shards,
+        broadcast)
 
   def _loop_iterations(self, mode):
     """Steps per session.run: TPUConfig.iterations_per_loop on the emulated TPU.

@@ -26,6 +26,7 @@ from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 
 from tpu_fc._tf import tf
+from tpu_fc.lookup import embedding_core
 
 # Collections that keep shard 0's entries only.
 _PER_REPLICA_COLLECTIONS = (
@@ -144,6 +145,24 @@ def _creator_scope_on_every_graph(graph, creator):
     yield
 
 
+def _sum_over_one_replica(x, group_assignment=None, name=None):
+  del group_assignment
+  return tf.identity(x, name=name)
+
+
+@contextlib.contextmanager
+def one_replica():
+  """`cross_replica_sum` as the sum over one replica while a CPU graph is built.
+
+  TF 2.15's `CrossShardOptimizer` outside a TPU warns "Assuming 1" shard and then
+  builds a `CrossReplicaSum` op, which has no CPU kernel: the step fails.  Here
+  it is the identity, so a model_fn written for TPUs trains with use_tpu=False.
+  """
+  with _replaced(tpu_ops, 'cross_replica_sum', _sum_over_one_replica), \
+      _replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica):
+    yield
+
+
 def replicate(build_shard, num_shards):
   """Calls `build_shard(shard)` for every shard; returns the results in shard order.
 
@@ -175,14 +194,14 @@ def _batch_size(value):
   return tf.shape(value, out_type=tf.int64)[0]
 
 
-def split_batch(value, num_shards, shard, name='labels'):
+def split_batch(value, num_shards, shard, name='Labels'):
   """Shard `shard`'s slice (of `num_shards` equal ones) of a batched value.
 
   A batch that does not divide into the shards fails the step, naming the
   feature (as a TPU refuses such a batch); nothing is silently left out.
   """
   if isinstance(value, dict):
-    return {k: split_batch(v, num_shards, shard, 'feature ' + str(k))
+    return {k: split_batch(v, num_shards, shard, 'Feature ' + str(k))
             for k, v in value.items()}
   if isinstance(value, (list, tuple)):
     return type(value)(split_batch(v, num_shards, shard, name) for v in value)
@@ -191,10 +210,7 @@ def split_batch(value, num_shards, shard, name='labels'):
   if not isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
     value = tf.convert_to_tensor(value)
   batch = tf.cast(_batch_size(value), tf.int64)
-  check = tf.debugging.Assert(
-      tf.equal(tf.math.floormod(batch, num_shards), 0),
-      ['The batch of {} does not divide into num_shards={} TPU shards; batch '
-       'size:'.format(name, num_shards), batch])
+  check = embedding_core.check_batch_divides(name, batch, num_shards)
   with tf.control_dependencies([check]):
     size = batch // num_shards
   if isinstance(value, tf.SparseTensor):

@@ -7,8 +7,6 @@ engine applies the captured embedding gradients with the spec's optimizer.
 Checkpoints keep the legacy names: tables and slots under the names the columns
 recorded, dense variables under their own, TPU dummy variables left out.
 """
-from absl import logging
-
 from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import hooks as hooks_lib
@@ -26,8 +24,9 @@ _logged_once = []
 def log_emulation_once():
   if not _logged_once:
     _logged_once.append(True)
-    logging.warning('No TPU: tpu_fc emulates the TPU (embedding core on the '
-                    'host with the TPU update rules, model_fn per shard).')
+    tf.compat.v1.logging.warning(
+        'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
+        'TPU update rules, model_fn per shard).')
 
 
 def _model_features(features, embedding_config_spec):
@@ -74,6 +73,10 @@ def _merged_spec(raw_specs, mode):
   """
   tpu_specs = [spec_lib.as_tpu_estimator_spec(raw) for raw in raw_specs]
   if tpu_specs[0] is None:
+    if mode == spec_lib.ModeKeys.EVAL:  # metrics need the TPU's metric_fn
+      raise RuntimeError(
+          'estimator_spec used by TPU evaluation must have type'
+          '`TPUEstimatorSpec`. Got {}'.format(type(raw_specs[0])))
     return spec_lib.to_estimator_spec(raw_specs[0])
   graph = tf.compat.v1.get_default_graph()
   if graph.building_function:
@@ -125,7 +128,7 @@ def _checkpoint_names(engine, graph):
 
 
 def build(call_model_fn, features, labels, mode, embedding_config_spec,
-          num_shards):
+          num_shards, broadcast=False):
   """The EstimatorSpec of an emulated TPU TRAIN or EVAL step.
 
   Args:
@@ -135,6 +138,8 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     mode: ModeKeys.TRAIN or ModeKeys.EVAL.
     embedding_config_spec: the `EmbeddingConfigSpec`, or None.
     num_shards: emulated TPU cores.
+    broadcast: `InputPipelineConfig.BROADCAST`: every shard gets the whole
+      batch (TPUEstimator refuses it with embedding features).
   """
   log_emulation_once()
   training = mode == spec_lib.ModeKeys.TRAIN
@@ -149,14 +154,17 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     activations = engine.lookup(features, num_shards)
   model_features = _model_features(features, embedding_config_spec)
 
+  def slice_of(value, shard, name='Labels'):
+    if broadcast:
+      return value
+    return replication.split_batch(value, num_shards, shard, name)
+
   def build_shard(shard):
-    shard_features = replication.split_batch(
-        model_features, num_shards, shard, 'features')
+    shard_features = slice_of(model_features, shard, 'features')
     if activations[shard]:
       shard_features.update(activations[shard])
     with lookup_context.building(mode):
-      return call_model_fn(
-          shard_features, replication.split_batch(labels, num_shards, shard))
+      return call_model_fn(shard_features, slice_of(labels, shard))
 
   raw_specs = replication.replicate(build_shard, num_shards)
   graph = tf.compat.v1.get_default_graph()
@@ -195,6 +203,14 @@ _LOOP_LOCAL_COLLECTIONS = (
 def in_training_loop(graph):
   """Whether the model_fn of `graph` runs inside the emulated TPU training loop."""
   return bool(graph.get_collection(_ITERATIONS_COLLECTION))
+
+
+def steps_per_run(graph):
+  """Steps one session.run of `graph` trains: the loop's iterations, or 1."""
+  loops = graph.get_collection(_ITERATIONS_COLLECTION)
+  if not loops:
+    return 1
+  return int(tf.get_static_value(loops[0].op.inputs[0]))
 
 
 def _outside_the_loop(next_creator, **kwargs):
@@ -278,11 +294,10 @@ class LoopIterationsHook(tf.compat.v1.train.SessionRunHook):
     self._loop = None
 
   def begin(self):
-    loops = tf.compat.v1.get_collection(_ITERATIONS_COLLECTION)
+    graph = tf.compat.v1.get_default_graph()
+    loops = graph.get_collection(_ITERATIONS_COLLECTION)
     if loops:  # the steps-per-run placeholder, defaulting to iterations_per_loop
-      steps_this_run = loops[0]
-      self._loop = (steps_this_run,
-                    int(tf.get_static_value(steps_this_run.op.inputs[0])))
+      self._loop = (loops[0], steps_per_run(graph))
 
   def after_create_session(self, session, coord):
     del coord

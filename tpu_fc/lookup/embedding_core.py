@@ -8,7 +8,9 @@ engine applies it to the looked-up rows with the spec's optimizer and the TPU up
 rules (`tpu_fc.reference`, implemented with TF's sparse kernels in `sparse_update`).
 
 Per table and step the engine de-duplicates the ids of all its features once, gathers
-those rows once, and applies one sparse update; no step reads a whole table.
+those rows once, and applies the TPU's per-core order of updates
+(`tpu_fc.reference.apply_update_by_core`): one sparse update per core turn, a single one
+with one shard; no step reads a whole table.
 
 A table created partitioned (in a parameter-server cluster the driver creates
 every table in row-wise `div` parts, one per ps task) is gathered with
@@ -16,7 +18,6 @@ every table in row-wise `div` parts, one per ps task) is gathered with
 """
 import collections
 
-from absl import logging
 import numpy as np
 
 from tpu_fc import spec as spec_lib
@@ -37,6 +38,16 @@ STRING_IDS_ERROR = (
     'your_column.categorical_column._transform_feature({{your_column.key: '
     'features[your_column.key]}}) in your input_fn() to convert string to int. '
     'feature_key = {}.')
+# The op of every input check (`input_check`): the driver shows its message alone.
+INPUT_CHECK_NAME = 'tpu_fc_input_check'
+
+
+# TF's text; TF's enqueue pops each weight feature, so a second column reading
+# the same weights finds them gone: weight-sharing gets the same error.
+MISSING_WEIGHTS_ERROR = (
+    'Cannot find weights {} for weighted_categorical_column. Please check if '
+    'the weights are present in feature dict. Also note weight-sharing among '
+    'weighted_categorical_column is not supported on TPU.')
 
 
 def as_sparse(name, value, keep_zero_ids):
@@ -70,33 +81,48 @@ def sequence_lengths(ids, max_sequence_length):
   return tf.clip_by_value(lengths, 0, max_sequence_length)
 
 
+def input_check(ok, message_fn):
+  """An op failing the step unless `ok`, with the string tensor `message_fn()`.
+
+  The message is built only when the check fails; the op's name
+  (`INPUT_CHECK_NAME`) lets the driver show it alone, without TF's listing.
+  """
+  return tf.cond(ok, tf.no_op, lambda: tf.raw_ops.Assert(
+      condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
+
+
 def check_ids(feature_name, table_name, ids, vocabulary_size):
   """`ids` as int64, failing the step (naming feature and ids) if out of range."""
   ids = tf.cast(ids, tf.int64)
-  check = tf.debugging.assert_less(
-      ids, tf.constant(vocabulary_size, tf.int64), summarize=8,
-      message='Feature {}: ids must be < vocabulary size {} of table {}; '
-      'got'.format(feature_name, vocabulary_size, table_name))
+  too_big = ids >= vocabulary_size
+  check = input_check(
+      tf.logical_not(tf.reduce_any(too_big)),
+      lambda: tf.strings.format(
+          'Feature {} (table {}): ids {{}} are out of range [0, {}); use a '
+          'vocabulary size above the largest id, or hash or clip the ids in '
+          'input_fn.'.format(feature_name, table_name, vocabulary_size),
+          tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]), summarize=8))
   with tf.control_dependencies([check]):
     return tf.identity(ids)
 
 
 def _check_weights(feature, ids, weights):
   """`weights`, failing (naming the feature) unless one finite weight per id."""
-  message = ('Feature {}: weights {} must hold one weight per id, at the same '
-             'indices'.format(feature.name, feature.weight_key))
+  mismatch = ('Feature {}: weights {} must hold one weight per id, at the same '
+              'indices; got {{}} weights for {{}} ids.'.format(
+                  feature.name, feature.weight_key))
   count, expected = weights.shape[0], ids.values.shape[0]
   if count is not None and expected is not None and count != expected:
-    raise ValueError('{}; got {} weights for {} ids.'.format(message, count,
-                                                              expected))
+    raise ValueError(mismatch.format(count, expected))
+  count, expected = tf.shape(weights)[0], tf.shape(ids.values)[0]
+  finite = tf.math.is_finite(weights)
   checks = [
-      tf.debugging.assert_equal(
-          tf.shape(weights)[0], tf.shape(ids.values)[0],
-          message=message + '; weights, ids:'),
-      tf.debugging.Assert(
-          tf.reduce_all(tf.math.is_finite(weights)),
-          ['Feature {}: weights {} must be finite; got'.format(
-              feature.name, feature.weight_key), weights], summarize=8),
+      input_check(tf.equal(count, expected),
+                  lambda: tf.strings.format(mismatch, (count, expected))),
+      input_check(tf.reduce_all(finite), lambda: tf.strings.format(
+          'Feature {}: weights {} must be finite; got {{}}. Drop or replace '
+          'them in input_fn.'.format(feature.name, feature.weight_key),
+          tf.boolean_mask(weights, tf.logical_not(finite)), summarize=8)),
   ]
   with tf.control_dependencies(checks):
     return tf.identity(weights)
@@ -121,13 +147,16 @@ def _ids_in_range(layout, parsed):
                  lambda: tf.constant(True))
 
 
-def _check_divisible(name, value, num_shards):
-  """An assertion, naming the feature, that its batch splits into the shards."""
-  batch = tf.shape(value, out_type=tf.int64)[0]
-  return tf.debugging.Assert(
+def check_batch_divides(name, batch, num_shards):
+  """An input check, naming `name` ('Feature ids', 'Labels'), that a batch of
+  `batch` examples splits into the shards (as a TPU requires)."""
+  return input_check(
       tf.equal(tf.math.floormod(batch, num_shards), 0),
-      ['The batch of feature {} does not divide into num_shards={} TPU '
-       'shards; batch size:'.format(name, num_shards), batch])
+      lambda: tf.strings.format(
+          '{}: batch size {{}} does not divide into num_shards={} TPU shards; '
+          'make every batch of input_fn a multiple of {} examples, e.g. with '
+          'Dataset.batch(batch_size, drop_remainder=True).'.format(
+              name, num_shards, num_shards), batch))
 
 
 def _gather(table, ids):
@@ -243,11 +272,18 @@ class HostEmbeddingEngine:
     feature or weight, naming it.
     """
     self._step = tf.compat.v1.train.get_or_create_global_step().read_value()
+    self._num_shards = num_shards
     self._captured = {}
     self._lookups, self._unique_ids, self._gathered = {}, {}, {}
     self._all_ids = {}
     self._shards = {}
     self._norms = {}
+    weight_readers = collections.Counter(
+        feature.weight_key for feature in self.layout.features
+        if feature.weight_key)
+    for weight_key, readers in weight_readers.items():
+      if readers > 1:
+        raise ValueError(MISSING_WEIGHTS_ERROR.format(weight_key))
     parsed = {table.name: [self._parse(table, feature, features)
                            for feature in self.layout.features_of(table.name)]
               for table in self.layout.tables}
@@ -261,7 +297,9 @@ class HostEmbeddingEngine:
       pieces = [value]
       if num_shards > 1:
         with tf.control_dependencies(
-            [_check_divisible(name, value, num_shards)]):
+            [check_batch_divides(
+                'Feature ' + name,
+                tf.shape(value, out_type=tf.int64)[0], num_shards)]):
           pieces = tf.split(value, num_shards, axis=0)
       for shard, piece in enumerate(pieces):
         shards[shard][name] = piece
@@ -341,11 +379,7 @@ class HostEmbeddingEngine:
     if not feature.weight_key:
       return None
     if feature.weight_key not in features:
-      raise ValueError(
-          'Cannot find weights {} for weighted_categorical_column. Please check '
-          'if the weights are present in feature dict. Also note weight-sharing '
-          'among weighted_categorical_column is not supported on TPU.'.format(
-              feature.weight_key))
+      raise ValueError(MISSING_WEIGHTS_ERROR.format(feature.weight_key))
     weights = features[feature.weight_key]
     if table.combiner is None:
       raise ValueError(
@@ -445,21 +479,45 @@ class HostEmbeddingEngine:
       # After this step's gather, also where no gradient depends on it (a
       # feature the loss ignores): the update must not change what was looked up.
       with tf.control_dependencies([self._gathered[table.name]]):
-        row_gradients = tf.math.unsorted_segment_sum(
-            tf.concat([self._id_gradients(table, lookup) for lookup in lookups],
-                      axis=0),
-            tf.concat([lookup.rows for lookup in lookups], axis=0),
-            tf.size(self._unique_ids[table.name]))
+        ids, row_gradients = self._summed_gradients(table, lookups)
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(self._step),
                                  tf.float32)
-      update = (self._unique_ids[table.name], row_gradients,
-                self._learning_rate(table))
+      update = (ids, row_gradients, self._learning_rate(table))
       if pipelined:
         updates.append(self._park(table, update))
       else:
         updates.append(self._apply(table, *update))
     return tf.group(*updates, name='tpu_embedding_update')
+
+  def _summed_gradients(self, table, lookups):
+    """`(ids, gradients)` of the table's update: per id, or per (id, core).
+
+    With several shards each id gets one entry per core that saw it, its
+    gradients summed within the core, and its entries in the TPU's order of
+    application (`tpu_fc.reference.apply_update_by_core`): the holding core
+    `id mod num_shards` first, then the ring.
+    """
+    gradients = tf.concat(
+        [self._id_gradients(table, lookup) for lookup in lookups], axis=0)
+    rows = tf.concat([lookup.rows for lookup in lookups], axis=0)
+    unique_ids = self._unique_ids[table.name]
+    cores = self._num_shards
+    if cores == 1:
+      return unique_ids, tf.math.unsorted_segment_sum(
+          gradients, rows, tf.size(unique_ids))
+    # Example e of a batch of b lies on core floor(e·cores / b): b // cores
+    # examples per core, and no division by zero for an empty batch.
+    core = tf.concat([lookup.positions[:, 0] * cores // lookup.batch
+                      for lookup in lookups], axis=0)
+    pairs, pair_of = tf.unique(rows * cores + core, out_idx=tf.int64)
+    pair_gradients = tf.math.unsorted_segment_sum(gradients, pair_of,
+                                                  tf.size(pairs))
+    pair_rows = pairs // cores
+    pair_ids = tf.gather(unique_ids, pair_rows)
+    turn = tf.math.floormod(pairs % cores - pair_ids % cores, cores)
+    order = tf.argsort(pair_rows * cores + turn, stable=True)
+    return (tf.gather(pair_ids, order), tf.gather(pair_gradients, order))
 
   def _id_gradients(self, table, lookup):
     """d(loss)/d(row) for each id of one feature: the chain rule of `_combine`."""
@@ -489,8 +547,9 @@ class HostEmbeddingEngine:
     def update(part, index, gradient):
       slots = {name: slot[index] for name, slot in slot_parts.items()}
       return lookup_context.apply_rows(
-          part, gradient, lambda g: sparse_update.apply_sparse_update(
-              parameters, part, slots, g.indices, g.values, learning_rate))
+          part, gradient, lambda g: sparse_update.apply_in_core_order(
+              parameters, part, slots, g.indices, g.values, learning_rate,
+              self._num_shards))
 
     if len(parts) == 1:
       return update(parts[0], 0, tf.IndexedSlices(row_gradients, unique_ids))
@@ -539,9 +598,9 @@ class HostEmbeddingEngine:
     for shard, piece in enumerate(self._shards[name]):
       dy = self._captured.get((name, shard))
       if dy is None:
-        logging.warning('Table %s has undefined gradients for feature %s on '
-                        'shard %d: the loss does not depend on it.', table.name,
-                        name, shard)
+        tf.compat.v1.logging.warning(
+            'Table %s has undefined gradients for feature %s on shard %d: the '
+            'loss does not depend on it.', table.name, name, shard)
         dy = tf.zeros_like(piece)
       per_shard.append(dy)
     return tf.concat(per_shard, axis=0)

@@ -365,7 +365,7 @@ def _as_branch(build):
 
 
 def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
-                        gradients, learning_rate):
+                        gradients, learning_rate, every_row=True):
   """Builds one optimizer step of `tpu_fc.reference.apply_sparse_update`.
 
   Args:
@@ -377,6 +377,8 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
     gradients: `[len(unique_ids), dim]` float32, summed per id and already
       multiplied by any gradient multiplier.
     learning_rate: float32 scalar (tensor or number), already resolved.
+    every_row: False for the later applications of a multi-core step, where
+      non-lazy Adam updates the rows `unique_ids` only.
 
   Returns:
     An op that applies the step (None in eager mode, where it has run).
@@ -394,7 +396,7 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
               parameters.clip_gradient_min, parameters.clip_gradient_max)
     args = (parameters, table_variable, slot_variables)
 
-    if (type(parameters).__name__ == 'AdamParameters' and
+    if (every_row and type(parameters).__name__ == 'AdamParameters' and
         not parameters.lazy_adam):
       # The rows not looked up get a zero gradient, after clipping.
       shape = tf.raw_ops.VariableShape(input=table_variable.handle,
@@ -417,3 +419,33 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
       return with_kernel() if static_lr > 0 else with_rows()
     return tf.group(tf.cond(lr > 0, _as_branch(with_kernel),
                             _as_branch(with_rows)))
+
+
+def apply_in_core_order(parameters, table_variable, slot_variables, ids,
+                        gradients, learning_rate, num_cores):
+  """Builds `tpu_fc.reference.apply_update_by_core` from per-core sums.
+
+  `ids` holds one entry per (id, core that saw it), each id's entries adjacent
+  and in application order (holder first, then ring order), `gradients` the
+  per-core sums.  Application `k` of every id is one `apply_sparse_update`
+  after application `k - 1`: at most `num_cores` of them per step.
+  """
+  if num_cores == 1:
+    return apply_sparse_update(parameters, table_variable, slot_variables, ids,
+                               gradients, learning_rate)
+  with tf.name_scope('core_order'):
+    ids = tf.convert_to_tensor(ids)
+    entries = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
+    starts = tf.concat([[True], tf.not_equal(ids[1:], ids[:-1])], axis=0)
+    group = tf.cumsum(tf.cast(starts, tf.int64)) - 1
+    application = entries - tf.gather(tf.where(starts)[:, 0], group)
+  op = None
+  for turn in range(num_cores):
+    with tf.control_dependencies([] if op is None else [op]):
+      this_turn = tf.equal(application, turn)
+      op = apply_sparse_update(
+          parameters, table_variable, slot_variables,
+          tf.boolean_mask(ids, this_turn),
+          tf.boolean_mask(gradients, this_turn), learning_rate,
+          every_row=turn == 0)
+  return op

@@ -1,0 +1,202 @@
+"""Behaviours TF 2.15's own TPUEstimator tests pin, beyond the update rules.
+
+Each test names the TF test (tensorflow/estimator r2.15,
+`tensorflow_estimator/python/estimator/tpu/`) whose behaviour it checks.
+"""
+import numpy as np
+import pytest
+
+import tpu_fc
+from tpu_fc._tf import tf
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+fc = tf.feature_column
+
+
+def _shared_weighted_columns():
+  """Two weighted columns reading one weight feature, 'values'."""
+  return tpu_fc.shared_embedding_columns(
+      [fc.weighted_categorical_column(
+          fc.categorical_column_with_identity(key, 5), 'values')
+       for key in ('ids1', 'ids2')], 4)
+
+
+def _weighted_input_fn(params):
+  indices = ((0, 0), (0, 2), (1, 0), (1, 1))
+  ids = tf.SparseTensor(indices, tf.constant((2, 1, 1, 0), tf.int64), (2, 5))
+  weights = tf.SparseTensor(indices, (0.5, 1.0, 0.2, 0.0), (2, 5))
+  features = {'ids1': ids, 'ids2': ids, 'values': weights}
+  dataset = tf.data.Dataset.from_tensor_slices((features, np.zeros((2, 1))))
+  return dataset.repeat().batch(params['batch_size'], drop_remainder=True)
+
+
+def _model_fn(columns):
+  def model_fn(features, labels, mode, params):
+    del params
+    net = tf.compat.v1.keras.layers.DenseFeatures(columns)(features)
+    loss = tf.compat.v1.losses.mean_squared_error(
+        labels, tf.compat.v1.layers.dense(net, 1))
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+  return model_fn
+
+
+@pytest.mark.parametrize('use_tpu', [True, False])
+def test_weight_sharing_among_weighted_columns(tmp_path, use_tpu):
+  """`test_embedding_with_weighted_categorical_column_share_weights_error`:
+  TF's TPU enqueue pops each weight feature, so the second reader fails; the
+  CPU path (use_tpu=False) shares them as plain feature columns do."""
+  columns = _shared_weighted_columns()
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_model_fn(columns), use_tpu=use_tpu, train_batch_size=2,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
+                              tpu_config=tpu_fc.TPUConfig(num_shards=2)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  if not use_tpu:
+    estimator.train(_weighted_input_fn, steps=1)
+    assert estimator.get_variable_value('global_step') == 1
+    return
+  with pytest.raises(ValueError, match=(
+      'Cannot find weights values for weighted_categorical_column. Please check '
+      'if the weights are present in feature dict. Also note weight-sharing '
+      'among weighted_categorical_column is not supported on TPU.')):
+    estimator.train(_weighted_input_fn, steps=1)
+
+
+def _dense_model_fn(driver, cross_shard):
+  def model_fn(features, labels, mode, params):
+    del params
+    logits = tf.compat.v1.layers.dense(
+        features['x'], 1, kernel_initializer=tf.compat.v1.ones_initializer())
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    if cross_shard:
+      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+    return driver.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+  return model_fn
+
+
+def _dense_input_fn(params):
+  x = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+  dataset = tf.data.Dataset.from_tensor_slices(({'x': x}, 2 * x.sum(1, keepdims=True)))
+  return dataset.repeat().batch(params['batch_size'], drop_remainder=True)
+
+
+def _train_dense(driver, model_dir, cross_shard):
+  estimator = driver.TPUEstimator(
+      model_fn=_dense_model_fn(driver, cross_shard), use_tpu=False, train_batch_size=4,
+      config=driver.RunConfig(model_dir=str(model_dir)))
+  estimator.train(_dense_input_fn, steps=2)
+  return estimator.get_variable_value('dense/kernel')
+
+
+def test_cross_shard_optimizer_without_tpu_is_one_replica(tmp_path):
+  """Beyond TF: with use_tpu=False, CrossShardOptimizer sums over one replica,
+  so it trains as the optimizer it wraps (TF 2.15 fails: no CrossReplicaSum
+  kernel on a CPU)."""
+  wrapped = _train_dense(tpu_fc, tmp_path / 'cross_shard', cross_shard=True)
+  plain = _train_dense(tpu_fc, tmp_path / 'plain', cross_shard=False)
+  np.testing.assert_array_equal(wrapped, plain)
+  assert np.all(wrapped != 1.0)  # it trained
+
+
+@pytest.mark.skipif(not tf.__version__.startswith('2.15'),
+                    reason="TF 2.15's own TPUEstimator is the reference")
+def test_tf_cross_shard_optimizer_without_tpu_fails(tmp_path):
+  legacy = tf.compat.v1.estimator.tpu
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match="No OpKernel was registered to support Op 'CrossReplicaSum'"):
+    _train_dense(legacy, tmp_path, cross_shard=True)
+  plain = _train_dense(legacy, tmp_path / 'plain', cross_shard=False)
+  np.testing.assert_array_equal(
+      _train_dense(tpu_fc, tmp_path / 'ours', cross_shard=False), plain)
+
+
+def _metric_ops_model_fn(features, labels, mode, params):
+  """`tpu_estimator_evaluation_test.py`'s model_fn with eval_metric_ops: an
+  EstimatorSpec in evaluation."""
+  del params
+  predictions = tf.compat.v1.layers.dense(features['x'], 1)
+  loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+  if mode == tpu_fc.ModeKeys.EVAL:
+    return tpu_fc.EstimatorSpec(mode, loss=loss, eval_metric_ops={
+        'mse': tf.compat.v1.metrics.mean_absolute_error(labels, predictions)})
+  optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+      loss, tf.compat.v1.train.get_global_step()))
+
+
+@pytest.mark.parametrize('eval_on_tpu', [True, False])
+def test_tpu_evaluation_needs_a_tpu_estimator_spec(tmp_path, eval_on_tpu):
+  """`test_eval_metrics_ops_tpu_training_failure` and `..._tpu_training`."""
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_metric_ops_model_fn, train_batch_size=4, eval_batch_size=4,
+      eval_on_tpu=eval_on_tpu,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
+                              tpu_config=tpu_fc.TPUConfig(num_shards=2)))
+  estimator.train(_dense_input_fn, steps=1)
+  if not eval_on_tpu:
+    assert 'mse' in estimator.evaluate(_dense_input_fn, steps=1)
+    return
+  with pytest.raises(RuntimeError, match=(
+      'estimator_spec used by TPU evaluation must have type`TPUEstimatorSpec`. '
+      "Got <class 'tpu_fc.estimator.spec.EstimatorSpec'>")):
+    estimator.evaluate(_dense_input_fn, steps=1)
+
+
+@pytest.mark.parametrize('steps,error,text', [
+    (None, ValueError, 'Evaluate `steps` must be set on TPU. Cannot be `None`.'),
+    (12.3, TypeError, "Eval steps must be int, got <class 'float'>"),
+    (-321, ValueError, 'Eval steps must be positive, got -321'),
+])
+def test_tpu_evaluation_steps_are_checked(tmp_path, steps, error, text):
+  """`test_error_out_if_steps_is_float` and `..._is_invalid`."""
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_dense_model_fn(tpu_fc, cross_shard=True), train_batch_size=4,
+      eval_batch_size=4, config=tpu_fc.RunConfig(model_dir=str(tmp_path)))
+  with pytest.raises(error) as raised:
+    estimator.evaluate(_dense_input_fn, steps=steps)
+  assert str(raised.value) == text
+
+
+def test_broadcast_input_gives_every_shard_the_whole_batch(tmp_path):
+  """`test_eval_batch_size_with_non_divisible_num_shards_broadcast_mode`: a
+  batch of 7 on 2 shards; each shard's model_fn gets all 7 examples, and
+  CrossShardOptimizer's mean over the shards trains as one batch does."""
+  seen = []
+
+  def model_fn(features, labels, mode, params):
+    seen.append((params['batch_size'], features['x'].shape[0]))
+    return _dense_model_fn(tpu_fc, cross_shard=True)(features, labels, mode,
+                                                      params)
+
+  def input_fn(params):
+    x = np.arange(14, dtype=np.float32).reshape(7, 2) / 14
+    dataset = tf.data.Dataset.from_tensors(({'x': x}, 2 * x.sum(1, keepdims=True)))
+    return dataset.repeat()
+
+  results = {}
+  for name, pipeline, use_tpu in (
+      ('broadcast', tpu_fc.InputPipelineConfig.BROADCAST, True),
+      ('cpu', tpu_fc.InputPipelineConfig.PER_HOST_V2, False)):
+    estimator = tpu_fc.TPUEstimator(
+        model_fn=model_fn, use_tpu=use_tpu, train_batch_size=7,
+        eval_batch_size=7,
+        config=tpu_fc.RunConfig(
+            model_dir=str(tmp_path / name),
+            tpu_config=tpu_fc.TPUConfig(
+                num_shards=2, per_host_input_for_training=pipeline)))
+    estimator.train(input_fn, steps=2)
+    metrics = estimator.evaluate(input_fn, steps=1)
+    results[name] = (estimator.get_variable_value('dense/kernel'),
+                     metrics['loss'])
+  assert set(seen) == {(7, 7)}
+  np.testing.assert_allclose(results['broadcast'][0], results['cpu'][0],
+                             rtol=1e-6)
+  np.testing.assert_allclose(results['broadcast'][1], results['cpu'][1],
+                             rtol=1e-6)
