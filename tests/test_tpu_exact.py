@@ -200,3 +200,121 @@ def test_broadcast_input_gives_every_shard_the_whole_batch(tmp_path):
                              rtol=1e-6)
   np.testing.assert_allclose(results['broadcast'][1], results['cpu'][1],
                              rtol=1e-6)
+
+
+# To the model_fn the emulated TPU looks like a TPU: static shapes. ------------
+
+@pytest.mark.parametrize('num_shards', [None, 2])
+def test_model_fn_sees_static_shapes(tmp_path, num_shards):
+  """A static global batch gives every shard static activations, sequence
+  lengths, features and labels, as a TPU's infeed does; model code such as
+  `tf.zeros(logits.shape)` (a two-class softmax) relies on it."""
+  user = tpu_fc.embedding_column(fc.categorical_column_with_identity('u', 10), 4)
+  history = tpu_fc.embedding_column(
+      fc.sequence_categorical_column_with_identity('h', 10), 3,
+      max_sequence_length=5)
+  seen = {}
+
+  def model_fn(features, labels, mode, params):
+    del params
+    net = tf.compat.v1.keras.layers.DenseFeatures([user])(features)
+    sequence, lengths = tf.keras.experimental.SequenceFeatures([history])(
+        features)
+    seen.update(sequence=sequence.shape.as_list(),
+                lengths=lengths.shape.as_list(),u=features['u'].shape.as_list(), x=features['x'].shape.as_list(),
+                labels=labels.shape.as_list(), net=net.shape.as_list(),
+                h=features['h'].shape.as_list(),
+                h_length=features['h_seq_length_'].shape.as_list())
+    logits = tf.compat.v1.layers.dense(tf.concat(
+        [net, features['x'], tf.reduce_sum(sequence, 1)], 1), 1)
+    two_class = tf.concat([tf.zeros(logits.shape), logits], axis=1)
+    loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
+        tf.cast(labels[:, 0], tf.int32), two_class)
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+
+  def input_fn(params):
+    features = {
+        'u': tf.SparseTensor([[0, 0], [1, 0], [2, 0], [3, 0]],
+                             tf.constant([1, 2, 3, 4], tf.int64), [4, 1]),
+        'h': tf.SparseTensor([[0, 0], [0, 1], [2, 0]],
+                             tf.constant([5, 6, 7], tf.int64), [4, 2]),
+        'x': tf.ones([4, 2])}
+    del params
+    return tf.data.Dataset.from_tensors((features, tf.ones([4, 1]))).repeat()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=num_shards)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[user, history],
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  estimator.train(input_fn, steps=1)
+  batch = 4 // (num_shards or 1)
+  assert seen == dict(u=[batch, 4], x=[batch, 2], labels=[batch, 1],
+                      net=[batch, 4], h=[batch, 5, 3], h_length=[batch],
+                      sequence=[batch, 5, 3], lengths=[batch])
+
+
+@pytest.mark.parametrize('num_shards', [None, 2])
+def test_multivalent_sequence_ids(tmp_path, num_shards):
+  """Rank-3 ids `[batch, position, ids]` of a sequence column: the ids at one
+  position are combined with the column's combiner (mean), positions past
+  max_sequence_length dropped, lengths capped.  Loss = sum(activation * C)."""
+  table0 = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
+  coefficients = np.array([[[1., 2.], [3., 4.]], [[5., 6.], [7., 8.]]],
+                          np.float32)
+  history = tpu_fc.embedding_column(
+      fc.sequence_categorical_column_with_identity('h', 6), 2,
+      max_sequence_length=2,
+      initializer=tf.compat.v1.constant_initializer(table0))
+  # Example 0: position 0 holds ids 1 and 2, position 1 id 3, position 2 id 4
+  # (past the maximum length); example 1: position 0 holds id 5.
+  indices = [[0, 0, 0], [0, 0, 1], [0, 1, 0], [0, 2, 0], [1, 0, 0]]
+  values = [1, 2, 3, 4, 5]
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    sequence, lengths = tf.keras.experimental.SequenceFeatures([history])(
+        features)
+    loss = tf.reduce_sum(sequence * features['c']) + tf.reduce_sum(
+        tf.cast(lengths, tf.float32)) * 100  # lengths (2, 1): 300
+    if mode != tpu_fc.ModeKeys.TRAIN:
+      return tpu_fc.TPUEstimatorSpec(mode, loss=loss)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.0)
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+
+  def input_fn(params):
+    del params
+    features = {'h': tf.SparseTensor(indices, tf.constant(values, tf.int64),
+                                     [2, 3, 2]),
+                'c': tf.constant(coefficients)}
+    return tf.data.Dataset.from_tensors((features, tf.zeros([2, 1]))).repeat()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=2, eval_batch_size=2,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=num_shards)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[history],
+          optimization_parameters=tpu_fc.StochasticGradientDescentParameters(
+              0.1)))
+  estimator.train(input_fn, steps=1)
+  want = table0.copy()
+  want[1] -= 0.1 * coefficients[0, 0] / 2  # mean of ids 1 and 2 at (0, 0)
+  want[2] -= 0.1 * coefficients[0, 0] / 2
+  want[3] -= 0.1 * coefficients[0, 1]
+  want[5] -= 0.1 * coefficients[1, 0]      # id 4 is past the length: untouched
+  np.testing.assert_allclose(
+      estimator.get_variable_value(
+          'sequence_features/h_embedding/embedding_weights'), want, rtol=1e-6)
+  if num_shards is None:
+    loss = estimator.evaluate(input_fn, steps=1)['loss']
+    activation = np.array([[(want[1] + want[2]) / 2, want[3]],
+                           [want[5], [0., 0.]]], np.float32)
+    np.testing.assert_allclose(loss, (activation * coefficients).sum() + 300,
+                               rtol=1e-6)

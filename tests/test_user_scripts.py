@@ -45,8 +45,8 @@ def _train(model_dir, use_tpu, hook_on_loss=False, driver=tpu_fc):
       config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
           iterations_per_loop=2, num_shards=2 if use_tpu else None)))
   estimator.train(input_fn, max_steps=2)
-  metrics = estimator.evaluate(
-      lambda params: input_fn(params).take(N // BATCH), steps=None)
+  metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
+      lambda params: input_fn(params).take(N // BATCH), steps=N // BATCH)
   return metrics, estimator.get_variable_value('dense/kernel')
 
 

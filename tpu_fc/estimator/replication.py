@@ -218,4 +218,10 @@ def split_batch(value, num_shards, shard, name='Labels'):
                        tf.zeros_like(value.dense_shape[1:])], axis=0)
     return tf.sparse.slice(
         value, start, tf.concat([[size], value.dense_shape[1:]], axis=0))
-  return value[size * shard:size * (shard + 1)]
+  piece = value[size * shard:size * (shard + 1)]
+  static_batch = tf.compat.dimension_value(value.shape[0])
+  if (isinstance(piece, tf.Tensor) and static_batch is not None and
+      static_batch % num_shards == 0):
+    # A TPU core's infeed gives it static shapes; so does a static batch here.
+    piece.set_shape([static_batch // num_shards] + value.shape[1:])
+  return piece

@@ -50,11 +50,13 @@ MISSING_WEIGHTS_ERROR = (
     'weighted_categorical_column is not supported on TPU.')
 
 
-def as_sparse(name, value, keep_zero_ids):
+def as_sparse(name, value, keep_zero_ids, multivalent=False):
   """Ids (or weights) of one feature as a rank-2 SparseTensor, TPU-style.
 
   Dense ids are enqueued through `tf.where(x)` (id 0 dropped), except for tables
-  with `combiner=None`, whose dense ids go one per example, 0 included.
+  with `combiner=None`, whose dense ids go one per example, 0 included.  With
+  `multivalent` (sequence features), rank 3 is accepted too: `[batch,
+  position, ids]`, several ids at one position.
   """
   if isinstance(value, tf.RaggedTensor):
     value = value.to_sparse()
@@ -66,10 +68,13 @@ def as_sparse(name, value, keep_zero_ids):
       value = tf.RaggedTensor.from_tensor(value).to_sparse()
     else:
       value = tf.sparse.from_dense(value)
-  if value.shape.rank is not None and value.shape.rank != 2:
+  ranks = (2, 3) if multivalent else (2,)
+  if value.shape.rank is not None and value.shape.rank not in ranks:
     raise ValueError(
-        'Feature {} must have rank 2 ([batch, ids]) for the TPU embedding, got '
-        'rank {}.'.format(name, value.shape.rank))
+        'Feature {} must have rank {} for the TPU embedding, got rank {}.'
+        .format(name, ' or '.join(
+            {2: '2 ([batch, ids])', 3: '3 ([batch, position, ids])'}[rank]
+            for rank in ranks), value.shape.rank))
   return value
 
 
@@ -104,6 +109,22 @@ def check_ids(feature_name, table_name, ids, vocabulary_size):
           tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]), summarize=8))
   with tf.control_dependencies([check]):
     return tf.identity(ids)
+
+
+def _static_batch(features, embedding_features):
+  """The batch size the input gives the embedding features statically, or None.
+
+  As on a TPU, whose infeed gives every tensor a static shape, activations then
+  have a static batch dimension (model code such as `tf.zeros(logits.shape)`
+  relies on it).
+  """
+  for feature in embedding_features:
+    value = features.get(feature.name)
+    if value is not None and value.shape.rank:
+      batch = tf.compat.dimension_value(value.shape[0])
+      if batch is not None:
+        return batch
+  return None
 
 
 def _check_weights(feature, ids, weights):
@@ -179,11 +200,13 @@ def _split_div(parts, ids, gradients):
 
 
 class _Lookup(collections.namedtuple(
-    '_Lookup', ['feature', 'rows', 'weights', 'positions', 'batch', 'lengths'])):
+    '_Lookup', ['feature', 'rows', 'weights', 'positions', 'batch', 'lengths',
+                'multivalent'])):
   """One feature's ids, mapped onto its table's de-duplicated rows.
 
-  `rows` indexes the table's unique ids, `positions` is `[n, 2]` (example, slot);
-  `lengths` are the sequence lengths of a sequence feature (else None).
+  `rows` indexes the table's unique ids, `positions` is `[n, 2]` (example, slot
+  or sequence position); `lengths` are the sequence lengths of a sequence
+  feature (else None); `multivalent`: ids may share a sequence position.
   """
 
 
@@ -292,6 +315,10 @@ class HostEmbeddingEngine:
     for table in self.layout.tables:
       for lookup in self._table_lookups(table, parsed[table.name], ids_checked):
         combined.update(self._combine(table, lookup))
+    batch = _static_batch(features, self.layout.features)
+    if batch is not None and batch % num_shards == 0:  # else checked at run time
+      for value in combined.values():
+        value.set_shape([batch] + value.shape[1:])
     shards = [dict() for _ in range(num_shards)]
     for name, value in combined.items():
       pieces = [value]
@@ -329,8 +356,10 @@ class HostEmbeddingEngine:
       feature_rows = tf.split(
           rows, [tf.size(p.ids.values, out_type=tf.int64) for p in parsed])
     lookups = [_Lookup(feature=p.feature, rows=r, weights=p.weights,
-                       positions=p.ids.indices, batch=p.ids.dense_shape[0],
-                       lengths=p.lengths)
+                       positions=p.ids.indices[:, :2],
+                       batch=p.ids.dense_shape[0],
+                       lengths=p.lengths,
+                       multivalent=p.ids.shape.rank != 2)
                for p, r in zip(parsed, feature_rows)]
     self._lookups[table.name] = lookups
     return lookups
@@ -356,7 +385,8 @@ class HostEmbeddingEngine:
                      'given to the TPU embedding; got {}.'.format(
                          feature.name, table.name, sorted(features)))
     ids = as_sparse(feature.name, features[feature.name],
-                     keep_zero_ids=table.combiner is None)
+                    keep_zero_ids=table.combiner is None,
+                    multivalent=feature.is_sequence)
     if not ids.dtype.is_integer:
       raise ValueError(STRING_IDS_ERROR.format(feature.name))
     weights = self._weights(table, feature, features)
@@ -406,10 +436,19 @@ class HostEmbeddingEngine:
     values = tf.gather(self._gathered[table.name], lookup.rows)
     if feature.is_sequence:
       length = feature.max_sequence_length
+      shape = tf.stack([lookup.batch, tf.constant(length, tf.int64)])
       activation = tf.scatter_nd(
           lookup.positions, values,
-          tf.stack([lookup.batch, tf.constant(length, tf.int64),
-                    tf.constant(dimension, tf.int64)]))
+          tf.concat([shape, tf.constant([dimension], tf.int64)], axis=0))
+      norm = None
+      if table.combiner in ('mean', 'sqrtn') and lookup.multivalent:
+        # Several ids at one position: combined there, as the TPU enqueues them.
+        norm = tf.scatter_nd(lookup.positions,
+                             tf.ones_like(lookup.rows, tf.float32), shape)
+        if table.combiner == 'sqrtn':
+          norm = tf.sqrt(norm)
+        activation = tf.math.divide_no_nan(activation, norm[:, :, tf.newaxis])
+      self._norms[feature.name] = norm
       activation.set_shape([None, length, dimension])
       return {feature.name: activation,
               feature.name + SEQUENCE_LENGTH_SUFFIX: lookup.lengths}
@@ -524,7 +563,12 @@ class HostEmbeddingEngine:
     feature = lookup.feature
     dy = self._activation_gradient(table, feature.name)
     if feature.is_sequence:
-      return tf.gather_nd(dy, lookup.positions)
+      gradients = tf.gather_nd(dy, lookup.positions)
+      norm = self._norms[feature.name]
+      if norm is not None:
+        gradients = tf.math.divide_no_nan(
+            gradients, tf.gather_nd(norm, lookup.positions)[:, tf.newaxis])
+      return gradients
     examples = lookup.positions[:, 0]
     gradients = tf.gather(dy, examples)
     scale = lookup.weights

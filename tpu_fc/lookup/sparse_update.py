@@ -438,14 +438,16 @@ def apply_in_core_order(parameters, table_variable, slot_variables, ids,
     entries = tf.range(tf.size(ids, out_type=tf.int64), dtype=tf.int64)
     starts = tf.concat([[True], tf.not_equal(ids[1:], ids[:-1])], axis=0)
     group = tf.cumsum(tf.cast(starts, tf.int64)) - 1
-    application = entries - tf.gather(tf.where(starts)[:, 0], group)
+    application = tf.cast(
+        entries - tf.gather(tf.where(starts)[:, 0], group), tf.int32)
+    # One partition into turns: a boolean mask per turn made 8 shards 2.4x
+    # slower (benchmark workload, 26 tables).
+    turn_ids = tf.dynamic_partition(ids, application, num_cores)
+    turn_gradients = tf.dynamic_partition(gradients, application, num_cores)
   op = None
   for turn in range(num_cores):
     with tf.control_dependencies([] if op is None else [op]):
-      this_turn = tf.equal(application, turn)
       op = apply_sparse_update(
-          parameters, table_variable, slot_variables,
-          tf.boolean_mask(ids, this_turn),
-          tf.boolean_mask(gradients, this_turn), learning_rate,
-          every_row=turn == 0)
+          parameters, table_variable, slot_variables, turn_ids[turn],
+          turn_gradients[turn], learning_rate, every_row=turn == 0)
   return op
