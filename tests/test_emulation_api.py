@@ -44,7 +44,7 @@ MODEL_LR = 0.5                  # the model_fn's own optimizer (bias, tensor cor
 BIAS0 = 0.25
 # Model variables, metrics and activations against numpy by hand: float32 sums
 # of a few terms (~1e-7 of values below 10) on tables that differ from the
-# reference's within the update bound (~1e-6 here).
+# reference's within the update bound (all by at most 1e-6 here).
 TOL = dict(rtol=1e-5, atol=1e-5)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -391,7 +391,8 @@ def run_single_table_case(tmp_path, feat, params, layer='dense_features',
     check_bias(estimator, c, 3, 1.0 / NS)
   if evaluate:
     # The activations the model sees: eval loss from the trained tables.
-    result = estimator.evaluate(make_input_fn([feat], c, cs, repeat=1))
+    result = estimator.evaluate(make_input_fn([feat], c, cs, repeat=1),
+                                steps=1)
     if sequence:
       per_example = (feat.activation(table.w) * cs).sum((1, 2))
     else:
@@ -658,7 +659,7 @@ def test_evaluate_is_inference_and_predict_uses_the_trained_tables(tmp_path):
   per_example = (out * c).sum(1)
 
   # Two batches: an update between them would change the second one's values.
-  result = estimator.evaluate(make_input_fn([fa, fb], c, repeat=2))
+  result = estimator.evaluate(make_input_fn([fa, fb], c, repeat=2), steps=2)
   assert result['global_step'] == 2
   np.testing.assert_allclose(result['mean_per_example'], per_example.mean(),
                              **TOL)
@@ -947,7 +948,7 @@ def test_tensor_core_column_is_trained_by_the_model_optimizer(tmp_path,
   table_a.check(estimator, 1)
 
   # Evaluate sees the truncated, combined lookup of the trained variable.
-  result = estimator.evaluate(make_input_fn([fa, ft], c, repeat=1))
+  result = estimator.evaluate(make_input_fn([fa, ft], c, repeat=1), steps=1)
   act_t = np.zeros((B, D), np.float32)
   for b, _, i in kept:
     act_t[b] += expected_t[i] / norms[b]

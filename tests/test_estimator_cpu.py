@@ -201,13 +201,8 @@ def test_summaries_and_progress_logs(tmp_path, tf_log):
   est = make_estimator(tmp_path, save_summary_steps=2, log_step_count_steps=2,
                        tpu_config=TPUConfig(iterations_per_loop=1))
   est.train(repeated_input_fn, steps=5)
-  losses = [m for m in tf_log if m.startswith('loss = ')]
-  logged_steps = [int(m.split(', step = ')[1].split(' ')[0]) for m in losses]
-  # Every 2nd run; the step is read in the same run as its increment (as in
-  # Estimator), so it may show the value before or after.
-  assert len(logged_steps) == 3
-  for logged, run in zip(logged_steps, [0, 2, 4]):
-    assert logged in (run, run + 1)
+  # TF 2.15's TPUEstimator(use_tpu=False) turned Estimator's loss line off.
+  assert not [m for m in tf_log if m.startswith('loss = ')]
   assert sum(m.startswith('global_step/sec: ') for m in tf_log) == 2
   assert sum(m.startswith('examples/sec: ') for m in tf_log) == 2
   assert any(m.startswith('Loss for final step: ') for m in tf_log)

@@ -318,3 +318,53 @@ def test_multivalent_sequence_ids(tmp_path, num_shards):
                            [want[5], [0., 0.]]], np.float32)
     np.testing.assert_allclose(loss, (activation * coefficients).sum() + 300,
                                rtol=1e-6)
+
+
+class _EvalRunsHook(tf.compat.v1.train.SessionRunHook):
+  """Counts the runs of an evaluation and reads the eval step after each."""
+
+  def __init__(self):
+    self.eval_steps = []
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    self.eval_steps.append(run_context.session.run(
+        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.EVAL_STEP)[0]))
+
+
+@pytest.mark.parametrize('steps', [2, 6])
+def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps):
+  """`test_eval_steps_not_effected_by_training_iterations`: hooks see one
+  run, after which the eval step is `steps`; the metrics are those of all
+  `steps` batches (here the MAE over batches whose labels grow by 1 each)."""
+  def model_fn(features, labels, mode, params):
+    del params
+    predictions = tf.compat.v1.layers.dense(
+        features['x'], 1, kernel_initializer=tf.compat.v1.zeros_initializer())
+    loss = tf.compat.v1.losses.absolute_difference(labels, predictions)
+    if mode == tpu_fc.ModeKeys.EVAL:
+      return tpu_fc.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
+          lambda labels, predictions: {'mae': tf.compat.v1.metrics.mean(
+              tf.abs(labels - predictions))}, [labels, predictions]))
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(0.0))
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+
+  def input_fn(params):
+    del params
+    batches = tf.data.Dataset.range(100).map(
+        lambda i: ({'x': tf.ones([4, 2])}, tf.fill([4, 1], tf.cast(i, tf.float32))))
+    return batches
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4, eval_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2, iterations_per_loop=4)))
+  estimator.train(input_fn, steps=1)
+  hook = _EvalRunsHook()
+  metrics = estimator.evaluate(input_fn, steps=steps, hooks=[hook])
+  assert hook.eval_steps == [steps]
+  mean_label = (steps - 1) / 2  # labels 0, 1, ..., steps - 1; predictions 0
+  assert metrics['mae'] == pytest.approx(mean_label)
+  assert metrics['loss'] == pytest.approx(mean_label)  # shard 0's, per batch

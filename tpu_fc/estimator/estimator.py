@@ -594,7 +594,7 @@ class TPUEstimator(object):
             'initialization to evaluate.'.format(self._model_dir))
     with tf.Graph().as_default():
       spec, input_hooks = self._build_graph(input_fn, ModeKeys.EVAL,
-                                            checkpoint_path)
+                                            checkpoint_path, eval_steps=steps)
       return loops.evaluate(spec, input_hooks + hooks, checkpoint_path,
                             self._config, self.eval_dir(name))
 
@@ -626,7 +626,8 @@ class TPUEstimator(object):
     if distributed.is_parameter_server_cluster(self._config):
       distributed.server(self._config)
 
-  def _build_graph(self, input_fn, mode, checkpoint_path, position_hook=None):
+  def _build_graph(self, input_fn, mode, checkpoint_path, position_hook=None,
+                   eval_steps=None):
     """Builds `mode`'s graph in the default graph; returns (spec, input hooks).
 
     Same op order as Estimator (seed, global step, its read for TRAIN,
@@ -647,12 +648,13 @@ class TPUEstimator(object):
             'Dataset; there is no input position to save.')
       for hook in input_hooks:
         hook.save_position(self._model_dir, position_hook.external_state_policy)
-    iterations = self._loop_iterations(mode) if from_dataset else 1
+    iterations = self._loop_iterations(mode, eval_steps) if from_dataset else 1
     with self._cluster_training(mode) as sync:
       if iterations > 1:
-        spec = tpu_emulation.training_loop(
-            lambda f, l: self._build_model(f, l, mode, self.config),
-            next_batch, iterations)
+        loop = (tpu_emulation.training_loop if mode == ModeKeys.TRAIN else
+                tpu_emulation.evaluation_loop)
+        spec = loop(lambda f, l: self._build_model(f, l, mode, self.config),
+                    next_batch, iterations)
       else:
         spec = self._build_model(*next_batch(), mode, self.config)
     if sync is not None:
@@ -726,25 +728,27 @@ class TPUEstimator(object):
         features, labels, mode, self._embedding_config_spec, num_shards,
         broadcast)
 
-  def _loop_iterations(self, mode):
-    """Steps per session.run: TPUConfig.iterations_per_loop on the emulated TPU.
+  def _loop_iterations(self, mode, eval_steps=None):
+    """Steps per session.run on the emulated TPU, in an in-graph loop.
 
-    As on a TPU, emulated training runs that many steps in an in-graph loop.
-    Elsewhere, for a time-based iterations_per_loop ('30s'), with TF1 control
-    flow (whose loops cannot create variables), or while profiling lookups
-    (the profiler reads each step's ids), or in a ps cluster (each step's
-    variables and tokens go through the ps tasks), one step per run.
+    As on a TPU: training runs TPUConfig.iterations_per_loop steps, evaluation
+    all its `steps`.  Elsewhere, for a time-based iterations_per_loop ('30s'),
+    with TF1 control flow (whose loops cannot create variables), or while
+    profiling lookups (the profiler reads each step's ids), or in a ps cluster
+    (each step's variables and tokens go through the ps tasks), one step per
+    run.
     """
-    iterations = parse_iterations_per_loop(
-        self._config.tpu_config.iterations_per_loop)
     spec = self._embedding_config_spec
-    if (mode != ModeKeys.TRAIN or self._running_on_cpu(mode) or
+    if (mode == ModeKeys.PREDICT or self._running_on_cpu(mode) or
         distributed.is_parameter_server_cluster(self._config) or
-        iterations.unit != 'count' or
         not tf.compat.v1.control_flow_v2_enabled() or
         (spec is not None and spec.profile_data_directory)):
       return 1
-    return iterations.value
+    if mode == ModeKeys.EVAL:
+      return eval_steps or 1
+    iterations = parse_iterations_per_loop(
+        self._config.tpu_config.iterations_per_loop)
+    return iterations.value if iterations.unit == 'count' else 1
 
   def _num_shards(self):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""

@@ -129,11 +129,12 @@ def evaluate(spec, hooks, checkpoint_path, config, output_dir):
   results as summaries to `output_dir`.
   """
   eval_metric_ops = dict(spec.eval_metric_ops)
+  loop_loss = eval_metric_ops.pop(tpu_emulation.LOOP_LOSS_METRIC, None)
   if _LOSS in eval_metric_ops:
     raise ValueError(
         'Metric with name "%s" is not allowed, because Estimator ' % _LOSS +
         'already defines a default metric with the same name.')
-  eval_metric_ops[_LOSS] = tf.compat.v1.metrics.mean(spec.loss)
+  eval_metric_ops[_LOSS] = loop_loss or tf.compat.v1.metrics.mean(spec.loss)
   update_ops = []
   eval_dict = {}
   for name, (value, update_op) in sorted(eval_metric_ops.items()):

@@ -237,7 +237,7 @@ def _validate_host_calls(host_calls):
                 name, len(tensors), len(fn_args)))
 
 
-def _call_host_fn(name, host_call):
+def call_host_fn(name, host_call):
   """Calls a host_call on the host (CPU) with its tensors."""
   fn, tensors = host_call
   if isinstance(tensors, (tuple, list)):
@@ -308,11 +308,11 @@ class TPUEstimatorSpec(
     """
     eval_metric_ops = None
     if self.eval_metrics is not None:
-      eval_metric_ops = _call_host_fn('eval_metrics', self.eval_metrics)
+      eval_metric_ops = call_host_fn('eval_metrics', self.eval_metrics)
     host_hooks = ()
     if self.host_call is not None:
       host_hooks = (hooks_lib.HostCallHook(
-          _call_host_fn('host_call', self.host_call)),)
+          call_host_fn('host_call', self.host_call)),)
     scaffold = self.scaffold_fn() if self.scaffold_fn else None
     return EstimatorSpec(
         mode=self.mode,

@@ -8,6 +8,7 @@ Checkpoints keep the legacy names: tables and slots under the names the columns
 recorded, dense variables under their own, TPU dummy variables left out.
 """
 from tpu_fc._tf import tf
+from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import replication
@@ -88,8 +89,12 @@ def _merged_spec(raw_specs, mode):
   if host_call is None:
     return tpu_specs[0].as_estimator_spec()
   tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
+  metric_fn = host_call[0]
+  if mode == spec_lib.ModeKeys.EVAL and graph.building_function:
+    metric_fn = _EvaluationLoopMetrics.of(
+        _outermost(graph)).recorded_host_call(metric_fn, tensors)
   return tpu_specs[0]._replace(
-      **{field: (host_call[0], tensors)}).as_estimator_spec()
+      **{field: (metric_fn, tensors)}).as_estimator_spec()
 
 
 def _outermost(graph):
@@ -219,19 +224,19 @@ def _outside_the_loop(next_creator, **kwargs):
     return next_creator(**kwargs)
 
 
-def _run_host_calls_in_loop(spec):
-  """The spec's hooks, with host_call tensors moved into the loop body.
+def _run_host_calls_in_loop(hooks):
+  """`hooks`, with host_call tensors moved into the loop body.
 
   As on a TPU, host_call runs every step; its hook keeps only opening and
   flushing the summary writers.  Returns (hooks, host_call tensors).
   """
-  hooks, tensors = [], []
-  for hook in spec.training_hooks:
+  kept, tensors = [], []
+  for hook in hooks:
     if isinstance(hook, hooks_lib.HostCallHook):
       tensors.extend(tf.nest.flatten(hook.tensors))
       hook = hooks_lib.HostCallHook(None)
-    hooks.append(hook)
-  return tuple(hooks), tensors
+    kept.append(hook)
+  return tuple(kept), tensors
 
 
 def training_loop(build_step, next_batch, iterations):
@@ -263,7 +268,7 @@ def training_loop(build_step, next_batch, iterations):
     del loss
     with tf.compat.v1.variable_creator_scope(_outside_the_loop):
       spec = build_step(*next_batch())
-    hooks, host_calls = _run_host_calls_in_loop(spec)
+    hooks, host_calls = _run_host_calls_in_loop(spec.training_hooks)
     specs.append(spec._replace(training_hooks=hooks))
     with tf.control_dependencies([spec.train_op] + host_calls):
       return step + 1, tf.identity(tf.cast(spec.loss, tf.float32))
@@ -320,3 +325,115 @@ class LoopIterationsHook(tf.compat.v1.train.SessionRunHook):
     self._step += self._running
     if self._step >= self._last_step:
       run_context.request_stop()
+
+
+class _EvaluationLoopMetrics:
+  """The metric_fn of an evaluation loop, once inside the loop and once outside.
+
+  Inside, the metric_fn's update ops run every iteration, its variables created
+  outside the loop; a loop body's tensors cannot be fetched, so the values are
+  built by calling the metric_fn again outside, on placeholders of its tensors,
+  with its variables handed back in creation order (the values read only them).
+  """
+  _COLLECTION = 'tpu_fc_evaluation_loop_metrics'
+
+  @classmethod
+  def of(cls, graph):
+    found = graph.get_collection(cls._COLLECTION)
+    if not found:
+      found = [cls()]
+      graph.add_to_collection(cls._COLLECTION, found[0])
+    return found[0]
+
+  def __init__(self):
+    self._variables = []
+    self._replayed = 0
+    self._host_call = None
+
+  def _record(self, next_creator, **kwargs):
+    variable = next_creator(**kwargs)
+    self._variables.append(variable)
+    return variable
+
+  def _replay(self, next_creator, **kwargs):
+    del next_creator
+    if self._replayed >= len(self._variables):
+      raise ValueError(
+          'metric_fn created variable {!r} outside the evaluation loop that it '
+          'did not create inside it; it must build the same metrics each '
+          'call.'.format(kwargs.get('name')))
+    self._replayed += 1
+    return self._variables[self._replayed - 1]
+
+  def recorded(self, fn):
+    """`fn`, recording the variables it creates, in order."""
+    def call(*args, **kwargs):
+      with tf.compat.v1.variable_creator_scope(self._record):
+        return fn(*args, **kwargs)
+    return call
+
+  def recorded_host_call(self, metric_fn, tensors):
+    """The eval_metrics host call's metric_fn, recorded for `values`."""
+    self._host_call = (metric_fn, tensors)
+    return self.recorded(metric_fn)
+
+  def values(self, loss):
+    """(`{name: (value, no-op)}` of the metrics, mean loss value), replayed in
+    the order of the loop body: metric_fn, then the mean loss."""
+    placeholder = lambda t: tf.compat.v1.placeholder(t.dtype, t.shape)
+    metrics = {}
+    with tf.compat.v1.variable_creator_scope(self._replay):
+      if self._host_call is not None:
+        metric_fn, tensors = self._host_call
+        metrics = spec_lib.call_host_fn(
+            'eval_metrics',
+            (metric_fn, tf.nest.map_structure(placeholder, tensors)))
+      mean_loss, _ = tf.compat.v1.metrics.mean(placeholder(loss))
+    no_op = tf.no_op()
+    return {name: (value, no_op) for name, (value, _) in metrics.items()}, mean_loss
+
+
+def evaluation_loop(build_step, next_batch, iterations):
+  """`iterations` emulated TPU evaluation steps in one session.run.
+
+  As TPUEstimator on a TPU runs `evaluate(steps=N)`: a loop of N steps, so hooks
+  see one run and the eval step counter moves by N.  Returns the EstimatorSpec
+  whose metric values (and mean loss, under LOOP_LOSS_METRIC with the loop as
+  its update) read the metric variables the loop updated; an input that ends
+  inside the loop keeps the updates of the steps before.
+  """
+  graph = tf.compat.v1.get_default_graph()
+  metrics = _EvaluationLoopMetrics.of(graph)
+  eval_step = _tf_private.get_or_create_eval_step()
+  specs, losses = [], []
+
+  def body(step):
+    with tf.compat.v1.variable_creator_scope(_outside_the_loop):
+      spec = build_step(*next_batch())
+      loss_update = metrics.recorded(tf.compat.v1.metrics.mean)(spec.loss)[1]
+    hooks, host_calls = _run_host_calls_in_loop(spec.evaluation_hooks)
+    specs.append(spec._replace(evaluation_hooks=hooks))
+    losses.append(spec.loss)
+    updates = [update for _, update in (spec.eval_metric_ops or {}).values()]
+    updates += host_calls
+    # The driver's run adds 1 to the eval step; the loop adds the others.
+    with tf.control_dependencies(updates + [loss_update]):
+      counted = eval_step.assign_add(tf.minimum(tf.cast(step, tf.int64), 1))
+    with tf.control_dependencies([counted]):
+      return step + 1
+
+  loop = tf.compat.v1.while_loop(
+      lambda step: step < iterations, body, [tf.constant(0)],
+      maximum_iterations=iterations, name='evaluation_loop')
+  eval_metric_ops, mean_loss = metrics.values(losses[0])
+  # Running the loop is the update of the mean loss, which the driver reports
+  # as `loss`: one run, all iterations.
+  eval_metric_ops[LOOP_LOSS_METRIC] = (mean_loss, loop)
+  return spec_lib.EstimatorSpec(
+      mode=spec_lib.ModeKeys.EVAL, loss=mean_loss,
+      eval_metric_ops=eval_metric_ops,
+      evaluation_hooks=specs[0].evaluation_hooks, scaffold=specs[0].scaffold)
+
+
+# The evaluation loop's (mean loss, loop) pair among its spec's metrics.
+LOOP_LOSS_METRIC = 'tpu_fc_evaluation_loop_loss'
