@@ -368,3 +368,41 @@ def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps):
   mean_label = (steps - 1) / 2  # labels 0, 1, ..., steps - 1; predictions 0
   assert metrics['mae'] == pytest.approx(mean_label)
   assert metrics['loss'] == pytest.approx(mean_label)  # shard 0's, per batch
+
+
+class _GraphVariablesHook(tf.compat.v1.train.SessionRunHook):
+  """The global variables' graph names, as hooks and user code see them."""
+
+  def begin(self):
+    self.names = sorted(v.op.name for v in tf.compat.v1.global_variables())
+
+
+@pytest.mark.parametrize('iterations_per_loop', [1, 2])
+def test_tables_have_the_graph_names_of_tf_tpu_mode(tmp_path,
+                                                    iterations_per_loop):
+  """TF's TPU mode made `<column scope>/embedding_weights/part_0` and slots
+  `.../embedding_weights/Adagrad/part_0` (one part per host); checkpoints keep
+  the legacy names without the part."""
+  columns = _shared_weighted_columns()[:1] + [tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('ids3', 5), 4)]
+  hook = _GraphVariablesHook()
+
+  def input_fn(params):
+    return _weighted_input_fn(params).map(
+        lambda f, l: (dict(f, ids3=f['ids1']), l))
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_model_fn(columns), train_batch_size=2,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2, iterations_per_loop=iterations_per_loop)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  estimator.train(input_fn, steps=2, hooks=[hook])
+  shared = 'ids1_weighted_by_values_ids2_weighted_by_values_shared_embedding'
+  plain = 'dense_features/ids3_embedding/embedding_weights'
+  assert {shared + '/part_0', shared + '/Adagrad/part_0', plain + '/part_0',
+          plain + '/Adagrad/part_0'} <= set(hook.names)
+  assert not [name for name in hook.names if name.startswith('tpu_embedding/')]
+  saved = {name for name, _ in tf.train.list_variables(str(tmp_path))}
+  assert {shared, shared + '/Adagrad', plain, plain + '/Adagrad'} <= saved

@@ -726,7 +726,7 @@ class TPUEstimator(object):
     return tpu_emulation.build(
         lambda f, l: self._call_model_fn(f, l, mode, config, params),
         features, labels, mode, self._embedding_config_spec, num_shards,
-        broadcast)
+        broadcast, distributed.is_parameter_server_cluster(self._config))
 
   def _loop_iterations(self, mode, eval_steps=None):
     """Steps per session.run on the emulated TPU, in an in-graph loop.

@@ -133,7 +133,7 @@ def _checkpoint_names(engine, graph):
 
 
 def build(call_model_fn, features, labels, mode, embedding_config_spec,
-          num_shards, broadcast=False):
+          num_shards, broadcast=False, partitioned_tables=False):
   """The EstimatorSpec of an emulated TPU TRAIN or EVAL step.
 
   Args:
@@ -145,6 +145,9 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     num_shards: emulated TPU cores.
     broadcast: `InputPipelineConfig.BROADCAST`: every shard gets the whole
       batch (TPUEstimator refuses it with embedding features).
+    partitioned_tables: the tables are split over parameter servers; they keep
+      the engine's names (`tpu_embedding/<table>/part_N`), which the
+      partitioning recognizes, instead of the columns' (TF's TPU names).
   """
   log_emulation_once()
   training = mode == spec_lib.ModeKeys.TRAIN
@@ -154,7 +157,8 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     engine = embedding_core.HostEmbeddingEngine(
         embedding_config_spec.embedding_layout(),
         embedding_config_spec.optimization_parameters,
-        embedding_config_spec.experimental_gradient_multiplier_fn)
+        embedding_config_spec.experimental_gradient_multiplier_fn,
+        named_by_columns=not partitioned_tables)
     engine.create_variables(training=training)
     activations = engine.lookup(features, num_shards)
   model_features = _model_features(features, embedding_config_spec)
@@ -173,6 +177,8 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
 
   raw_specs = replication.replicate(build_shard, num_shards)
   graph = tf.compat.v1.get_default_graph()
+  if engine is not None:
+    engine.name_variables(graph)
   driver_graph = _outermost(graph)  # where the driver reads its collections
   _localize_dummies(graph)
   estimator_spec = _merged_spec(raw_specs, mode)

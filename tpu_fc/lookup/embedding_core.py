@@ -223,13 +223,16 @@ class HostEmbeddingEngine:
   """
 
   def __init__(self, layout, optimization_parameters,
-               gradient_multiplier_fn=None, variable_prefix=VARIABLE_PREFIX):
+               gradient_multiplier_fn=None, variable_prefix=VARIABLE_PREFIX,
+               named_by_columns=False):
     self.layout = layout
     self.optimization_parameters = optimization_parameters
     self.gradient_multiplier_fn = gradient_multiplier_fn
     self._prefix = variable_prefix
+    self._named_by_columns = named_by_columns
     self.tables = {}
     self.slots = {}
+    self._handles = {}
     self._dummies = {}
     self._queues = {}
 
@@ -239,16 +242,25 @@ class HostEmbeddingEngine:
     return table.optimizer or self.optimization_parameters
 
   def create_variables(self, training):
-    """Tables (and, for training, optimizer slots and dummy variables)."""
+    """Tables (and, for training, optimizer slots and dummy variables).
+
+    With `named_by_columns`, the tables and slots are created by
+    `name_variables` once the model_fn has run, under the graph names TF's TPU
+    mode gave them (`<column scope>/embedding_weights/part_0`, slots
+    `.../embedding_weights/Adagrad/part_0`), which only the columns know; until
+    then lookups read them through a handle bound to them there.
+    """
+    self._training = training
     for table in self.layout.tables:
-      name = '{}/{}'.format(self._prefix, table.name)
-      self.tables[table.name] = tf.compat.v1.get_variable(
-          name, shape=[table.vocabulary_size, table.dimension],
-          dtype=tf.float32, initializer=table.initializer, trainable=False,
-          use_resource=True)
+      if self._named_by_columns:
+        with tf.init_scope():  # outside any training loop, as the variables
+          self._handles[table.name] = tf.raw_ops.VarHandleOp(
+              dtype=tf.float32, shape=[table.vocabulary_size, table.dimension],
+              shared_name='tpu_fc_unnamed_' + table.name,
+              name='tpu_embedding_handle_' + table.name)
+      else:
+        self._create_table(table, '{}/{}'.format(self._prefix, table.name))
       if training:
-        self.slots[table.name] = sparse_update.create_slot_variables(
-            self.table_parameters(table), self.tables[table.name], name)
         self._dummies[table.name] = tf.compat.v1.get_variable(
             DUMMY_VARIABLE_PREFIX + table.name, shape=[1], dtype=tf.float32,
             initializer=tf.compat.v1.zeros_initializer(), use_resource=True,
@@ -256,18 +268,46 @@ class HostEmbeddingEngine:
                          tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
                          DUMMY_VARIABLE_COLLECTION])
 
-  def checkpoint_variables(self, graph):
-    """Legacy checkpoint name -> variable for every table and slot.
+  def _create_table(self, table, name, slot_names=None):
+    """The table variable `name` and, in training, its slots.
 
-    Table names come from the variable scope each column recorded while the
-    model_fn ran (`dense_features/a_embedding/embedding_weights`, a shared
-    collection's name); tables of the dict path are saved under their own name.
+    Slots are `name/<mid-level slot name>` unless `slot_names` names them.
+    """
+    self.tables[table.name] = tf.compat.v1.get_variable(
+        name, shape=[table.vocabulary_size, table.dimension],
+        dtype=tf.float32, initializer=table.initializer, trainable=False,
+        use_resource=True)
+    if self._training:
+      self.slots[table.name] = sparse_update.create_slot_variables(
+          self.table_parameters(table), self.tables[table.name], name,
+          slot_names)
+
+  def name_variables(self, graph):
+    """Creates the tables and slots of `named_by_columns` (see `create_variables`)."""
+    if not self._handles:
+      return
+    names = self._legacy_names(graph)
+    with tf.init_scope():
+      for table in self.layout.tables:
+        full_name = names[table.name]
+        self._create_table(
+            table, full_name + '/part_0',
+            {slot: '{}/{}/part_0'.format(full_name, suffix)
+             for suffix, slot in self.table_parameters(table).SLOTS})
+        sparse_update.bind_variable_handle(self._handles[table.name],
+                                           self.tables[table.name])
+
+  def _legacy_names(self, graph):
+    """Table name -> its legacy name, from the scope each column recorded.
+
+    `dense_features/a_embedding/embedding_weights`, a shared collection's name;
+    tables of the dict path keep their own name.
     """
     recorded = graph.get_collection(FEATURE_COLUMN_SCOPE_COLLECTION)
     scopes = recorded[0] if recorded else {}
     names = {}
     for table in self.layout.tables:
-      full_name = table.name
+      names[table.name] = table.name
       if self.layout.features_of(table.name)[0].column is not None:
         var_name = table.name[len(spec_lib.TABLE_NAME_PREFIX):]
         if var_name not in scopes:
@@ -276,12 +316,18 @@ class HostEmbeddingEngine:
               'the feature columns passed to TPUEstimator constructor is '
               'properly used in model_fn.')
         scope, name = scopes[var_name]
-        full_name = '{}/{}'.format(scope, name) if scope else name
-      names[full_name] = self.tables[table.name]
-      parameters = self.table_parameters(table)
-      for suffix, slot in parameters.SLOTS:
-        if table.name in self.slots:
-          names['{}/{}'.format(full_name, suffix)] = self.slots[table.name][slot]
+        names[table.name] = '{}/{}'.format(scope, name) if scope else name
+    return names
+
+  def checkpoint_variables(self, graph):
+    """Legacy checkpoint name -> variable for every table and slot."""
+    names = {}
+    for table, full_name in self._legacy_names(graph).items():
+      names[full_name] = self.tables[table]
+      for suffix, slot in self.table_parameters(
+          self.layout.table(table)).SLOTS:
+        if table in self.slots:
+          names['{}/{}'.format(full_name, suffix)] = self.slots[table][slot]
     return names
 
   # Lookups -------------------------------------------------------------------
@@ -347,7 +393,12 @@ class HostEmbeddingEngine:
     self._batch = parsed[0].ids.dense_shape[0]
     unique_ids, rows = tf.unique(all_ids, out_idx=tf.int64)
     with tf.control_dependencies([self._step, ids_checked]):
-      gathered = _gather(self.tables[table.name], unique_ids)
+      if table.name in self._handles:
+        gathered = tf.raw_ops.ResourceGather(
+            resource=self._handles[table.name], indices=unique_ids,
+            dtype=tf.float32)
+      else:
+        gathered = _gather(self.tables[table.name], unique_ids)
     self._unique_ids[table.name] = unique_ids
     self._gathered[table.name] = gathered
     if len(parsed) == 1:

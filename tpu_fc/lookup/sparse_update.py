@@ -31,6 +31,7 @@ import collections
 import re
 
 import numpy as np
+from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.ops import variables as variables_lib
 
 from tpu_fc import optimizers
@@ -44,6 +45,18 @@ def table_parts(table_variable):
   if isinstance(table_variable, variables_lib.PartitionedVariable):
     return list(table_variable)
   return [table_variable]
+
+
+def bind_variable_handle(handle, variable):
+  """Makes the resource `handle` (a bare VarHandleOp's output) `variable`'s.
+
+  Resource handles name their resource by `shared_name`; the lookups of an
+  emulated step are built before the model_fn names the table, so their
+  handle gets the table variable's name once it exists.
+  """
+  handle.op._set_attr(  # pylint: disable=protected-access
+      'shared_name', attr_value_pb2.AttrValue(
+          s=variable.handle.op.get_attr('shared_name')))
 
 
 # The op names of part N of a partitioned variable and its ops.
@@ -76,12 +89,14 @@ def _filled_with(value):
   return initializer
 
 
-def create_slot_variables(parameters, table_variable, name_prefix):
+def create_slot_variables(parameters, table_variable, name_prefix,
+                          names=None):
   """`{mid-level slot name: variable}` for `parameters`, shaped like the table.
 
   Non-trainable resource variables in GLOBAL_VARIABLES only, so that an
   optimizer over TRAINABLE_VARIABLES never sees them; named
-  `name_prefix/slot_name` under the current variable scope and placed on the
+  `name_prefix/slot_name` (or `names[slot_name]`) under the current variable
+  scope and placed on the
   table's device, since every update reads them alongside the table.  The slots
   of a partitioned table are partitioned alike, each part beside its table part.
   """
@@ -98,7 +113,7 @@ def create_slot_variables(parameters, table_variable, name_prefix):
   with tf.compat.v1.device(device):
     for slot_name, value in initial_values.items():
       slots[slot_name] = tf.compat.v1.get_variable(
-          '{}/{}'.format(name_prefix, slot_name),
+          (names or {}).get(slot_name, '{}/{}'.format(name_prefix, slot_name)),
           shape=table_variable.shape, dtype=tf.float32,
           initializer=_filled_with(value),
           trainable=False, use_resource=True, partitioner=partitioner,
