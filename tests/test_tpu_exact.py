@@ -3,6 +3,8 @@
 Each test names the TF test (tensorflow/estimator r2.15,
 `tensorflow_estimator/python/estimator/tpu/`) whose behaviour it checks.
 """
+import types
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,15 @@ from tpu_fc._tf import tf
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 fc = tf.feature_column
+
+
+def _trained(mode, loss, rate=0.1, cross_shard=True, driver=tpu_fc):
+  """The spec of a model_fn training `loss` by SGD (cross-shard, as on a TPU)."""
+  optimizer = tf.compat.v1.train.GradientDescentOptimizer(rate)
+  if cross_shard:
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+  return driver.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+      loss, tf.compat.v1.train.get_global_step()))
 
 
 def _shared_weighted_columns():
@@ -36,9 +47,7 @@ def _model_fn(columns):
     net = tf.compat.v1.keras.layers.DenseFeatures(columns)(features)
     loss = tf.compat.v1.losses.mean_squared_error(
         labels, tf.compat.v1.layers.dense(net, 1))
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
+    return _trained(mode, loss, cross_shard=False)
   return model_fn
 
 
@@ -72,11 +81,7 @@ def _dense_model_fn(driver, cross_shard):
     logits = tf.compat.v1.layers.dense(
         features['x'], 1, kernel_initializer=tf.compat.v1.ones_initializer())
     loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-    if cross_shard:
-      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
-    return driver.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
+    return _trained(mode, loss, cross_shard=cross_shard, driver=driver)
   return model_fn
 
 
@@ -107,7 +112,13 @@ def test_cross_shard_optimizer_without_tpu_is_one_replica(tmp_path):
 @pytest.mark.skipif(not tf.__version__.startswith('2.15'),
                     reason="TF 2.15's own TPUEstimator is the reference")
 def test_tf_cross_shard_optimizer_without_tpu_fails(tmp_path):
-  legacy = tf.compat.v1.estimator.tpu
+  # TF's own classes, whatever another test left bound under tf.estimator.
+  from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=g-import-not-at-top
+  from tensorflow_estimator.python.estimator.tpu import tpu_estimator  # pylint: disable=g-import-not-at-top
+  legacy = types.SimpleNamespace(
+      TPUEstimator=tpu_estimator.TPUEstimator,
+      TPUEstimatorSpec=tpu_estimator.TPUEstimatorSpec,
+      RunConfig=tpu_config.RunConfig)
   with pytest.raises(tf.errors.InvalidArgumentError,
                      match="No OpKernel was registered to support Op 'CrossReplicaSum'"):
     _train_dense(legacy, tmp_path, cross_shard=True)
@@ -125,10 +136,7 @@ def _metric_ops_model_fn(features, labels, mode, params):
   if mode == tpu_fc.ModeKeys.EVAL:
     return tpu_fc.EstimatorSpec(mode, loss=loss, eval_metric_ops={
         'mse': tf.compat.v1.metrics.mean_absolute_error(labels, predictions)})
-  optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1))
-  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-      loss, tf.compat.v1.train.get_global_step()))
+  return _trained(mode, loss)
 
 
 @pytest.mark.parametrize('eval_on_tpu', [True, False])
@@ -230,10 +238,7 @@ def test_model_fn_sees_static_shapes(tmp_path, num_shards):
     two_class = tf.concat([tf.zeros(logits.shape), logits], axis=1)
     loss = tf.compat.v1.losses.sparse_softmax_cross_entropy(
         tf.cast(labels[:, 0], tf.int32), two_class)
-    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(0.1))
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
+    return _trained(mode, loss)
 
   def input_fn(params):
     features = {
@@ -284,9 +289,7 @@ def test_multivalent_sequence_ids(tmp_path, num_shards):
         tf.cast(lengths, tf.float32)) * 100  # lengths (2, 1): 300
     if mode != tpu_fc.ModeKeys.TRAIN:
       return tpu_fc.TPUEstimatorSpec(mode, loss=loss)
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.0)
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
+    return _trained(mode, loss, rate=0.0, cross_shard=False)
 
   def input_fn(params):
     del params
@@ -346,10 +349,7 @@ def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps):
       return tpu_fc.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
           lambda labels, predictions: {'mae': tf.compat.v1.metrics.mean(
               tf.abs(labels - predictions))}, [labels, predictions]))
-    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(0.0))
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
+    return _trained(mode, loss, rate=0.0)
 
   def input_fn(params):
     del params
@@ -406,3 +406,55 @@ def test_tables_have_the_graph_names_of_tf_tpu_mode(tmp_path,
   assert not [name for name in hook.names if name.startswith('tpu_embedding/')]
   saved = {name for name, _ in tf.train.list_variables(str(tmp_path))}
   assert {shared, shared + '/Adagrad', plain, plain + '/Adagrad'} <= saved
+
+
+def test_shared_tensor_core_columns_on_several_shards(tmp_path):
+  """`test_tensor_core_embedding_shared_*`: a shared table on the tensor core
+  is created once per graph; every emulated shard uses it, and a mean loss
+  trains as on the CPU."""
+  table0 = np.arange(20, dtype=np.float32).reshape(10, 2) / 20
+  columns = tpu_fc.shared_embedding_columns(
+      [fc.categorical_column_with_identity('x', 10),
+       fc.categorical_column_with_identity('y', 10)], 2,
+      initializer=tf.compat.v1.constant_initializer(table0),
+      embedding_lookup_device='tpu_tensor_core', tensor_core_shape=[None, 2])
+
+  def model_fn(features, labels, mode, params):
+    net = tf.compat.v1.keras.layers.DenseFeatures(columns)(features)
+    logits = tf.compat.v1.layers.dense(
+        net, 1, kernel_initializer=tf.compat.v1.ones_initializer())
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.5)
+    if params['use_tpu']:
+      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+
+  def input_fn(params):
+    batch = params['batch_size']
+    ids = lambda offset: tf.SparseTensor(
+        [[i, j] for i in range(batch) for j in (0, 1)],
+        tf.constant([(i + j + offset) % 10 for i in range(batch)
+                     for j in (0, 1)], tf.int64), [batch, 2])
+    labels = tf.reshape(tf.range(batch, dtype=tf.float32), [batch, 1])
+    return tf.data.Dataset.from_tensors(
+        ({'x': ids(0), 'y': ids(3)}, labels)).repeat()
+
+  values = {}
+  for num_shards, use_tpu in ((2, True), (None, False)):
+    estimator = tpu_fc.TPUEstimator(
+        model_fn=model_fn, use_tpu=use_tpu, train_batch_size=8,
+        config=tpu_fc.RunConfig(
+            model_dir=str(tmp_path / str(num_shards)),
+            tpu_config=tpu_fc.TPUConfig(num_shards=num_shards)),
+        embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+            feature_columns=columns,
+            optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+    estimator.train(input_fn, steps=2)
+    values[use_tpu] = {name: estimator.get_variable_value(name)
+                       for name in estimator.get_variable_names()}
+  assert sorted(values[True]) == sorted(values[False])
+  for name, value in values[False].items():  # per-shard sums reassociate:
+    np.testing.assert_allclose(values[True][name], value, rtol=1e-5,  # ~8 ulps
+                               atol=1e-6, err_msg=name)
+  assert not np.allclose(values[True]['x_y_shared_embedding'], table0)

@@ -61,8 +61,16 @@ class _SharedVariables:
     self._replay += 1
     return variable
 
-  def start_replay(self):
+  def start_replay(self, shared_table_creators=()):
+    """Replays from the first variable; shared columns' tables too.
+
+    A `SharedEmbeddingColumnCreator` creates its table once per graph and
+    caches it: forgotten here, so every shard asks for it in the same order.
+    """
     self._replay = 0
+    graph_key = tf.compat.v1.get_default_graph()._graph_key  # pylint: disable=protected-access
+    for creator in shared_table_creators:
+      creator._embedding_weights.pop(graph_key, None)  # pylint: disable=protected-access
 
 
 class _CrossShardSums:
@@ -121,12 +129,12 @@ def _collections_of(graph, shard, first_built):
 
 
 @contextlib.contextmanager
-def _variable_store(variables, replay):
+def _variable_store(variables, replay, shared_table_creators):
   """The first shard uses the graph's variable store; replays get a fresh one."""
   if not replay:
     yield
     return
-  variables.start_replay()
+  variables.start_replay(shared_table_creators)
   with variable_scope.with_variable_store(variable_scope._VariableStore()):  # pylint: disable=protected-access
     yield
 
@@ -163,12 +171,14 @@ def one_replica():
     yield
 
 
-def replicate(build_shard, num_shards):
+def replicate(build_shard, num_shards, shared_table_creators=()):
   """Calls `build_shard(shard)` for every shard; returns the results in shard order.
 
   `build_shard` builds one shard's model (typically calls the model_fn on that
   shard's slice of the batch).  It runs inside a TPU shard context of `num_shards`,
   so TF's TPU feature columns and `CrossShardOptimizer` behave as on a TPU.
+  `shared_table_creators`: those of the shared columns the model_fn looks up
+  in its graph (tensor-core ones), whose cached tables each shard asks for.
   """
   graph = tf.compat.v1.get_default_graph()
   variables = _SharedVariables()
@@ -181,7 +191,7 @@ def replicate(build_shard, num_shards):
     for position, shard in enumerate(reversed(range(num_shards))):
       sums.shard = shard
       with _collections_of(graph, shard, first_built=position == 0), \
-          _variable_store(variables, replay=position > 0):
+          _variable_store(variables, position > 0, shared_table_creators):
         results[shard] = build_shard(shard)
   return [results[shard] for shard in range(num_shards)]
 

@@ -175,7 +175,12 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     with lookup_context.building(mode):
       return call_model_fn(shard_features, slice_of(labels, shard))
 
-  raw_specs = replication.replicate(build_shard, num_shards)
+  tensor_core_columns = (embedding_config_spec.tensor_core_feature_columns
+                         if embedding_config_spec is not None else None) or []
+  raw_specs = replication.replicate(build_shard, num_shards, {
+      id(creator): creator for creator in (
+          getattr(column, 'shared_embedding_column_creator', None)
+          for column in tensor_core_columns) if creator is not None}.values())
   graph = tf.compat.v1.get_default_graph()
   if engine is not None:
     engine.name_variables(graph)
