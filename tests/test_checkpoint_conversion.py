@@ -295,8 +295,7 @@ def spec():
 
 def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
   train(tmp_path / 'legacy', make_spec(OPTIMIZERS['adam']))
-  spec_file = tmp_path / 'model_spec.py'
-  spec_file.write_text(SPEC_MODULE)
+  spec_file = _spec_file(tmp_path)
   spec_ref = '{}:spec'.format(spec_file)
 
   cli.main(['inspect', str(tmp_path / 'legacy'), '--json'])
@@ -328,9 +327,42 @@ def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
     np.testing.assert_array_equal(value, original[name], err_msg=name)
 
 
-def test_cli_reports_bad_input_without_traceback(tmp_path):
+def test_conversion_refuses_to_repoint_a_model_dir(tmp_path, capsys):
+  """Into the directory it reads, or a mid-level checkpoint into a legacy
+  model_dir: refused, the model_dir untouched (its next train() would fail)."""
+  spec = make_spec(OPTIMIZERS['adam'])
+  train(tmp_path / 'legacy', spec)
+  before = sorted(os.listdir(tmp_path / 'legacy'))
+  state = (tmp_path / 'legacy' / 'checkpoint').read_text()
+  for destination in (tmp_path / 'legacy', tmp_path / 'legacy' / '.'):
+    with pytest.raises(conversion.CheckpointConversionError, match=(
+        'Refusing to write the mid-level checkpoint into .*: it is the '
+        'directory .* is read from. Choose a new directory.')):
+      conversion.to_mid_level_checkpoint(spec, str(tmp_path / 'legacy'),
+                                         str(destination))
+  train(tmp_path / 'other', spec)
+  with pytest.raises(SystemExit, match='it is a legacy model_dir'):
+    cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec',
+              '{}:spec'.format(_spec_file(tmp_path)), str(tmp_path / 'legacy'),
+              str(tmp_path / 'other')])
+  mid_level = conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path / 'legacy'), str(tmp_path / 'mid'))
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match='it is the directory'):
+    conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'mid'))
+  assert sorted(os.listdir(tmp_path / 'legacy')) == before
+  assert (tmp_path / 'legacy' / 'checkpoint').read_text() == state
+
+
+def _spec_file(tmp_path):
+  """SPEC_MODULE as a file, for `--spec FILE.py:spec`."""
   spec_file = tmp_path / 'model_spec.py'
   spec_file.write_text(SPEC_MODULE)
+  return spec_file
+
+
+def test_cli_reports_bad_input_without_traceback(tmp_path):
+  spec_file = _spec_file(tmp_path)
   with pytest.raises(SystemExit) as error:
     cli.main(['convert-checkpoint', '--to', 'legacy', '--spec',
               '{}:spec'.format(spec_file), str(tmp_path), str(tmp_path / 'x')])

@@ -43,6 +43,25 @@ class CheckpointConversionError(ValueError):
   """A checkpoint that does not map onto the spec; nothing was written."""
 
 
+def _check_destination(source, destination, kind):
+  """Refuses a destination whose `checkpoint` state file the conversion would
+  repoint: the directory the source is read from, or, for a mid-level checkpoint,
+  any directory that holds legacy checkpoints (a model_dir whose next `train()`
+  would then fail)."""
+  source_dir = source if tf.io.gfile.isdir(source) else os.path.dirname(source)
+  same = os.path.abspath(destination) == os.path.abspath(source_dir or '.')
+  latest = (tf.train.latest_checkpoint(destination)
+            if tf.io.gfile.isdir(destination) else None)
+  legacy_model_dir = (kind == 'mid-level' and latest is not None and not
+                      _is_mid_level(n for n, _ in tf.train.list_variables(latest)))
+  if same or legacy_model_dir:
+    raise CheckpointConversionError(
+        'Refusing to write the {} checkpoint into {}: it is {}. Choose a new '
+        'directory.'.format(
+            kind, destination, 'the directory {} is read from'.format(source)
+            if same else 'a legacy model_dir (its checkpoint {})'.format(latest)))
+
+
 # Reading -----------------------------------------------------------------------
 
 
@@ -226,6 +245,7 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
       or a slot of the target optimizer is missing, or the source holds slots the
       target optimizer lacks.
   """
+  _check_destination(source, destination, 'mid-level')
   _, values = _read(source)
   if _is_mid_level(values):
     raise CheckpointConversionError(
@@ -270,6 +290,7 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
   Returns the written prefix `destination/model.ckpt-<global step>`, with a
   `checkpoint` file so `TPUEstimator(model_dir=destination)` resumes from it.
   """
+  _check_destination(source, destination, 'legacy')
   _, values = _read(source)
   if not _is_mid_level(values):
     raise CheckpointConversionError(
