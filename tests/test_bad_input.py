@@ -289,9 +289,15 @@ CASES = [
          kept=lambda path: [
              [(i, None) for i in row[:None if path == 'cpu' else L]]
              for row in [[1, 2, 3, 4], [1], [], [2, 2, 4]]]),
-    Case('empty_batch',
+    Case('empty_batch',  # the TPU's batch is the configured one (B)
          lambda: {'ids': tf.SparseTensor(np.zeros([0, 2], np.int64),
                                          tf.zeros([0], tf.int64), [0, 2])},
+         raises=_raises_on_tpu(
+             ValueError, 'input_fn gave the embedding features a batch of 0 '
+             'examples, but the configured batch size (train_batch_size / '
+             "eval_batch_size) is 4; as on a TPU, whose embedding config fixes "
+             "the batch, batch the input by params['batch_size'].",
+             start='Feature ids: '),
          kept=lambda path: []),
 ]
 
@@ -394,31 +400,44 @@ def _reason(message):
 # Batches and shards -------------------------------------------------------------
 
 
+@pytest.mark.parametrize('with_labels', [True, False])
 @pytest.mark.parametrize('path', PATHS)
-def test_last_batch_not_divisible_by_num_shards(path, tmp_path):
-  """5 examples in batches of 4: the last batch (1) does not split into 2 shards."""
+def test_a_short_last_batch(path, with_labels, tmp_path):
+  """5 examples in batches of 4, the last batch short (1 example).
+
+  On the CPU a plain graph takes any batch, as TF 2.15 does.  On the emulated
+  TPU, as on a TPU, the batch is the configured one: labels of unknown batch
+  get TF 2.15's static-shape error; ids alone fail the step that gets 1.
+  """
   ids = [[1], [2], [3], [4], [2]]
 
   def input_fn(params):
+    features = {'ids': tf.ragged.constant(ids, tf.int64).to_sparse()}
     dataset = tf.data.Dataset.from_tensor_slices(
-        ({'ids': tf.ragged.constant(ids, tf.int64).to_sparse()},
-         np.zeros([len(ids), 1], np.float32)))
+        (features, np.zeros([len(ids), 1], np.float32)) if with_labels else
+        features)
     return dataset.batch(params['batch_size'])
 
   estimator = make_estimator(tmp_path, path)
   error = outcome(estimator.train, input_fn, max_steps=2)
-  if path == 'cpu':  # a plain graph takes any batch, as TF 2.15 does
+  if path == 'cpu':
     assert error is None, error
     np.testing.assert_allclose(
         estimator.get_variable_value(TABLE_NAME['ids']),
         expected_table(unweighted(ids[:4]) + unweighted(ids[4:]), path),
         rtol=1e-6, atol=1e-6)
     return
-  # (On the tensor core the padded ids' mask, ids__TENSOR_CORE_MASK, may fail
-  # first.)
+  if with_labels:
+    _assert_raised(error, ValueError, [
+        '. A TPU (and its emulation) needs every dimension known: batch the '
+        'Dataset with drop_remainder=True'],
+                   start='The labels to the model returned by input_fn must '
+                   'have static shape. Tensor: ')
+    return
   _assert_raised(error, tf.errors.InvalidArgumentError, [
-      ': batch size 1 does not divide into num_shards=2 TPU shards; make every '
-      'batch of input_fn a multiple of 2 examples'], start='Feature ids')
+      'input_fn gave the embedding features a batch of 1 examples, but the '
+      'configured batch size (train_batch_size / eval_batch_size) is 4'],
+                 start='Feature ids')
   # Steps 1 and 2 run as one loop (iterations_per_loop=2), which failed as a
   # whole, as on a TPU: the checkpoint of step 0 is kept and restores.
   assert estimator.get_variable_value('global_step') == 0

@@ -235,22 +235,31 @@ def test_broadcast_input_gives_every_shard_the_whole_batch(tmp_path):
 
 @pytest.mark.parametrize('num_shards', [None, 2])
 def test_model_fn_sees_static_shapes(tmp_path, num_shards):
-  """A static global batch gives every shard static activations, sequence
-  lengths, features and labels, as a TPU's infeed does; model code such as
-  `tf.zeros(logits.shape)` (a two-class softmax) relies on it."""
+  """Every shard sees static activations, sequence lengths, tensor-core ids and
+  masks, features and labels, as a TPU's infeed gives them (the embedding
+  shapes from the configured batch, even where the ids' batch is not static);
+  model code such as `tf.zeros(logits.shape)` (a two-class softmax) relies on
+  it."""
   user = tpu_fc.embedding_column(fc.categorical_column_with_identity('u', 10), 4)
   history = tpu_fc.embedding_column(
       fc.sequence_categorical_column_with_identity('h', 10), 3,
       max_sequence_length=5)
+  tag = tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('t', 10), 2,
+      embedding_lookup_device='tpu_tensor_core', tensor_core_shape=[None, 3])
   seen = {}
 
   def model_fn(features, labels, mode, params):
     del params
-    net = tf.compat.v1.keras.layers.DenseFeatures([user])(features)
+    net = tf.compat.v1.keras.layers.DenseFeatures([user, tag])(features)
     sequence, lengths = tf.keras.experimental.SequenceFeatures([history])(
         features)
     seen.update(sequence=sequence.shape.as_list(),
-                lengths=lengths.shape.as_list(),u=features['u'].shape.as_list(), x=features['x'].shape.as_list(),
+                lengths=lengths.shape.as_list(),
+                u=features['u'].shape.as_list(),
+                x=features['x'].shape.as_list(),
+                t=features['t'].shape.as_list(),
+                t_mask=features['t__TENSOR_CORE_MASK'].shape.as_list(),
                 labels=labels.shape.as_list(), net=net.shape.as_list(),
                 h=features['h'].shape.as_list(),
                 h_length=features['h_seq_length_'].shape.as_list())
@@ -267,22 +276,70 @@ def test_model_fn_sees_static_shapes(tmp_path, num_shards):
                              tf.constant([1, 2, 3, 4], tf.int64), [4, 1]),
         'h': tf.SparseTensor([[0, 0], [0, 1], [2, 0]],
                              tf.constant([5, 6, 7], tf.int64), [4, 2]),
+        't': tf.SparseTensor([[0, 0], [3, 1]], tf.constant([1, 2], tf.int64),
+                             [4, 2]),
         'x': tf.ones([4, 2])}
     del params
-    return tf.data.Dataset.from_tensors((features, tf.ones([4, 1]))).repeat()
+
+    def unknown_batch(features, labels):
+      ids = features['u']  # a dense shape known only at run time
+      features['u'] = tf.SparseTensor(
+          ids.indices, ids.values,
+          tf.compat.v1.placeholder_with_default(ids.dense_shape, [2]))
+      return features, labels
+
+    return tf.data.Dataset.from_tensors(
+        (features, tf.ones([4, 1]))).repeat().map(unknown_batch)
 
   estimator = tpu_fc.TPUEstimator(
       model_fn=model_fn, train_batch_size=4,
       config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
           num_shards=num_shards)),
       embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
-          feature_columns=[user, history],
+          feature_columns=[user, history, tag],
           optimization_parameters=tpu_fc.AdagradParameters(0.1)))
   estimator.train(input_fn, steps=1)
   batch = 4 // (num_shards or 1)
   assert seen == dict(u=[batch, 4], x=[batch, 2], labels=[batch, 1],
-                      net=[batch, 4], h=[batch, 5, 3], h_length=[batch],
+                      t=[batch, 3], t_mask=[batch, 3], net=[batch, 6],
+                      h=[batch, 5, 3], h_length=[batch],
                       sequence=[batch, 5, 3], lengths=[batch])
+
+
+@pytest.mark.parametrize('static', [True, False])
+def test_embedding_ids_of_another_batch_than_configured_fail(tmp_path, static):
+  """The configured batch fixes the activations' shape (a TPU's embedding
+  config fixes it): ids of another batch fail, naming the feature, at build
+  time when their batch is static, else when the step runs."""
+  user = tpu_fc.embedding_column(fc.categorical_column_with_identity('u', 10), 4)
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    net = tf.compat.v1.keras.layers.DenseFeatures([user])(features)
+    return _trained(mode, tf.reduce_sum(net))
+
+  def input_fn(params):
+    del params
+    ids = tf.SparseTensor([[0, 0], [1, 0]], tf.constant([1, 2], tf.int64),
+                          [2, 1])
+    if not static:
+      ids = tf.SparseTensor(ids.indices, ids.values,
+                            tf.compat.v1.placeholder_with_default(
+                                ids.dense_shape, [2]))
+    return tf.data.Dataset.from_tensors({'u': ids}).repeat()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[user],
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  message = ('Feature u: input_fn gave the embedding features a batch of 2 '
+             r'examples, but the configured batch size \(train_batch_size / '
+             r'eval_batch_size\) is 4')
+  with pytest.raises(ValueError if static else tf.errors.InvalidArgumentError,
+                     match=message):
+    estimator.train(input_fn, steps=1)
 
 
 @pytest.mark.parametrize('num_shards', [None, 2])

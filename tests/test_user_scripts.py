@@ -1,4 +1,9 @@
 """What legacy TPUEstimator scripts tripped on, through the public API."""
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -135,3 +140,94 @@ def test_predict_of_ids_transformed_for_the_tpu(tmp_path, transform_in_predict):
   ids = tf.strings.to_hash_bucket_fast(WORDS[:BATCH], HASH_BUCKETS).numpy()
   np.testing.assert_allclose(next(predictions)['logit'][:, 0],
                              table[ids].sum(axis=1), rtol=1e-6)
+
+
+# A legacy script as users wrote it (tests/scripts/legacy_user_model.py), run
+# unchanged by `python -m tpu_fc run`, and on TF 2.15 by TF's own TPUEstimator.
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_MODEL = os.path.join(REPO, 'tests', 'scripts', 'legacy_user_model.py')
+
+
+def _run_user_model(tmp_path, name, runs, v1=True, on_tpu_fc=True):
+  """{run name: result} of the script's `runs`, in a process of its own."""
+  result = tmp_path / (name + '.json')
+  command = [sys.executable] + (['-m', 'tpu_fc', 'run'] if on_tpu_fc else []) + [
+      USER_MODEL, str(result), str(tmp_path / name)] + (['--v1'] if v1 else [])
+  for run in runs:
+    command += ['--run', run]
+  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+             os.environ.get('PYTHONPATH', ''))
+  finished = subprocess.run(command, cwd=str(tmp_path), env=env,
+                            capture_output=True, text=True, timeout=600,
+                            check=False)
+  assert finished.returncode == 0, finished.stderr[-6000:]
+  return json.loads(result.read_text())
+
+
+def _assert_same_model(got, want):
+  """Same variables, metrics, predictions and served predictions, bit for bit
+  (the same kernels on the same values, in the same order)."""
+  assert sorted(got['variables']) == sorted(want['variables'])
+  for name, value in want['variables'].items():
+    np.testing.assert_array_equal(got['variables'][name], value, err_msg=name)
+  assert got['metrics'] == want['metrics']
+  np.testing.assert_array_equal(got['predictions'], want['predictions'])
+  np.testing.assert_array_equal(got['served'], want['served'])
+
+
+@pytest.fixture(scope='module')
+def user_model_runs(tmp_path_factory):
+  """The script under TF1 behaviour (disable_v2_behavior), emulated TPU with 2
+  shards looping 3 steps per run or 1, with 1 shard, on the CPU, and with a
+  dynamic batch; and with TF2 behaviour, 2 shards looping."""
+  tmp_path = tmp_path_factory.mktemp('user_model')
+  runs = _run_user_model(tmp_path, 'v1', [
+      'loop:tpu:2:3', 'step:tpu:2:1', 'one_shard:tpu:0:3', 'cpu:cpu:0:3',
+      'dynamic:tpu:2:3:dynamic_batch'])
+  runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
+                                    v1=False)['loop']
+  if TF_VERSION == (2, 15):
+    runs['tf_cpu'] = _run_user_model(tmp_path, 'tf', ['cpu:cpu:0:3'],
+                                     on_tpu_fc=False)['cpu']
+  return runs
+
+
+@pytest.mark.parametrize('name', ['loop', 'step', 'one_shard', 'cpu',
+                                  'v2_loop'])
+def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name):
+  """Static shapes (`tf.zeros(logits.shape)`), Keras `Input(tensor=...)`,
+  multivalent sequence ids and recall_at_k through all four modes: the exported
+  model serves what predict gave."""
+  run = user_model_runs[name]
+  assert 'error' not in run, run.get('error')
+  assert run['metrics']['global_step'] == 6
+  assert set(run['metrics']) == {'loss', 'recall_at_1', 'accuracy',
+                                 'global_step'}
+  assert len(run['predictions']) == 32
+  np.testing.assert_array_equal(run['served'], run['predictions'][:8])
+  assert run['profiles'] >= 1  # the ProfilerHook wrote timelines
+
+
+def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
+  """Under disable_v2_behavior, as with TF2 control flow: 3 steps per
+  session.run, each the same as one step per run."""
+  assert user_model_runs['loop']['training_runs'] == 2
+  assert user_model_runs['step']['training_runs'] == 6
+  _assert_same_model(user_model_runs['loop'], user_model_runs['step'])
+  _assert_same_model(user_model_runs['v2_loop'], user_model_runs['loop'])
+
+
+def test_cpu_run_is_tf_2_15s(user_model_runs):
+  if TF_VERSION != (2, 15):
+    pytest.skip("TF's own TPUEstimator is in the legacy lane only")
+  _assert_same_model(user_model_runs['cpu'], user_model_runs['tf_cpu'])
+
+
+def test_a_dynamic_batch_gets_tf_2_15s_error_naming_the_feature(
+    user_model_runs):
+  error = user_model_runs['dynamic']['error']
+  assert error.startswith('The features to the model returned by input_fn must '
+                          'have static shape. Tensor: ')
+  assert "Feature 'price' has shape (?, 1)" in error
+  assert 'drop_remainder=True' in error

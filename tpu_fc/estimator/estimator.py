@@ -726,22 +726,21 @@ class TPUEstimator(object):
     return tpu_emulation.build(
         lambda f, l: self._call_model_fn(f, l, mode, config, params),
         features, labels, mode, self._embedding_config_spec, num_shards,
-        broadcast, distributed.is_parameter_server_cluster(self._config))
+        self._batch_sizes[mode], broadcast,
+        distributed.is_parameter_server_cluster(self._config))
 
   def _loop_iterations(self, mode, eval_steps=None):
     """Steps per session.run on the emulated TPU, in an in-graph loop.
 
     As on a TPU: training runs TPUConfig.iterations_per_loop steps, evaluation
-    all its `steps`.  Elsewhere, for a time-based iterations_per_loop ('30s'),
-    with TF1 control flow (whose loops cannot create variables), or while
-    profiling lookups (the profiler reads each step's ids), or in a ps cluster
-    (each step's variables and tokens go through the ps tasks), one step per
-    run.
+    all its `steps`, with the graph's control flow (v1 or v2).  Elsewhere, for
+    a time-based iterations_per_loop ('30s'), or while profiling lookups (the
+    profiler reads each step's ids), or in a ps cluster (each step's variables
+    and tokens go through the ps tasks), one step per run.
     """
     spec = self._embedding_config_spec
     if (mode == ModeKeys.PREDICT or self._running_on_cpu(mode) or
         distributed.is_parameter_server_cluster(self._config) or
-        not tf.compat.v1.control_flow_v2_enabled() or
         (spec is not None and spec.profile_data_directory)):
       return 1
     if mode == ModeKeys.EVAL:

@@ -7,6 +7,9 @@ engine applies the captured embedding gradients with the spec's optimizer.
 Checkpoints keep the legacy names: tables and slots under the names the columns
 recorded, dense variables under their own, TPU dummy variables left out.
 """
+import contextlib
+import weakref
+
 from tpu_fc._tf import tf
 from tpu_fc.estimator import _tf_private
 from tpu_fc.estimator import checkpoints
@@ -30,8 +33,12 @@ def log_emulation_once():
         'TPU update rules, model_fn per shard).')
 
 
-def _model_features(features, embedding_config_spec):
-  """The features the model_fn sees, less the activations added per shard."""
+def _model_features(features, embedding_config_spec, batch_size):
+  """The features the model_fn sees, less the activations added per shard.
+
+  Tensor-core ids and masks get the static `[batch_size, width]` shape TF 2.15
+  gives them.
+  """
   if embedding_config_spec is None or not isinstance(features, dict):
     return features  # a lone Tensor (images, say) has no embedding features
   result = dict(features)
@@ -39,8 +46,27 @@ def _model_features(features, embedding_config_spec):
     result.pop(feature.name, None)
     if feature.weight_key:
       result.pop(feature.weight_key, None)
-  return tensor_core.densify(
-      result, embedding_config_spec.tensor_core_feature_columns or [])
+  tensor_core_columns = embedding_config_spec.tensor_core_feature_columns or []
+  return tensor_core.densify(result, tensor_core_columns, batch_size)
+
+
+def _check_static_shapes(value, name):
+  """TF 2.15's check: a TPU's infeed carries only statically shaped tensors.
+
+  Run on what the model_fn receives (embedding features taken out), as
+  TPUEstimator does before calling it on the TPU.
+  """
+  items = value.items() if isinstance(value, dict) else [(None, value)]
+  for key, tensor in items:
+    for leaf in tf.nest.flatten(tensor, expand_composites=False):
+      if not leaf.shape.is_fully_defined():
+        raise ValueError(
+            'The {} to the model returned by input_fn must have static shape. '
+            'Tensor: {}.{} A TPU (and its emulation) needs every dimension '
+            'known: batch the Dataset with drop_remainder=True, or set the '
+            'shape in input_fn.'.format(
+                name, leaf, '' if key is None else
+                ' Feature {!r} has shape {}.'.format(key, leaf.shape)))
 
 
 def _concat_shards(values):
@@ -51,18 +77,64 @@ def _concat_shards(values):
   return [tf.concat(list(parts), axis=0) for parts in zip(*values)]
 
 
-_DEFERRED_SCAFFOLD_FN = 'tpu_fc_training_loop_scaffold_fn'
+# Graph -> the `_LoopBody` being built in it.  Not a graph collection: a meta
+# graph written meanwhile (a ProfilerHook's FileWriter) could not serialize it.
+_LOOP_BODIES = weakref.WeakKeyDictionary()
 
 
-def _defer_scaffold_fn(tpu_spec, driver_graph):
-  """In a training loop, scaffold_fn runs after the loop, as on a TPU's host.
+class _LoopBody:
+  """What building an in-graph loop's body leaves to the driver, after the loop.
 
-  (Its ops, e.g. `init_from_checkpoint`'s initializers, cannot live in the loop.)
+  scaffold_fn runs after the loop, as on a TPU's host (its ops, e.g.
+  `init_from_checkpoint`'s initializers, cannot live in the loop); an evaluation
+  loop's metric_fn is replayed outside it (`_EvaluationLoopMetrics`).
   """
-  if tpu_spec.scaffold_fn is None:
-    return tpu_spec
-  driver_graph.add_to_collection(_DEFERRED_SCAFFOLD_FN, tpu_spec.scaffold_fn)
-  return tpu_spec._replace(scaffold_fn=None)
+
+  def __init__(self, outer_scope):
+    self.scaffold_fns = []
+    self.metrics = _EvaluationLoopMetrics()
+    self._outer_scope = outer_scope
+    self._body_scope = ''
+
+  @contextlib.contextmanager
+  def creating_variables_outside(self):
+    """Variables the body creates are created once, outside the loop.
+
+    They get the name scope the loop was entered in: a TF1 loop builds its body
+    in a name scope of its own, which would rename Keras layers' variables.
+    """
+    self._body_scope = tf.compat.v1.get_default_graph().get_name_scope()
+    with tf.compat.v1.variable_creator_scope(self._create_outside):
+      yield
+
+  def _create_outside(self, next_creator, **kwargs):
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    if self._body_scope and (scope + '/').startswith(self._body_scope + '/'):
+      scope = '/'.join(part for part in (
+          self._outer_scope, scope[len(self._body_scope):].strip('/')) if part)
+    with tf.init_scope(), tf.compat.v1.get_default_graph().name_scope(
+        scope + '/' if scope else None):
+      return next_creator(**kwargs)
+
+  def scaffold(self):
+    """The Scaffold of the body's scaffold_fn, or None."""
+    return self.scaffold_fns[0]() if self.scaffold_fns else None
+
+
+@contextlib.contextmanager
+def _building_loop_body(graph):
+  """Marks `graph` as building a loop body (with v1 or v2 control flow alike)."""
+  body = _LoopBody(graph.get_name_scope())
+  _LOOP_BODIES[graph] = body
+  try:
+    yield body
+  finally:
+    del _LOOP_BODIES[graph]
+
+
+def _loop_body(graph):
+  """The `_LoopBody` being built in `graph` (or a graph it is nested in), or None."""
+  return _LOOP_BODIES.get(_outermost(graph))
 
 
 def _merged_spec(raw_specs, mode):
@@ -79,9 +151,10 @@ def _merged_spec(raw_specs, mode):
           'estimator_spec used by TPU evaluation must have type'
           '`TPUEstimatorSpec`. Got {}'.format(type(raw_specs[0])))
     return spec_lib.to_estimator_spec(raw_specs[0])
-  graph = tf.compat.v1.get_default_graph()
-  if graph.building_function:
-    tpu_specs[0] = _defer_scaffold_fn(tpu_specs[0], _outermost(graph))
+  loop_body = _loop_body(tf.compat.v1.get_default_graph())
+  if loop_body is not None and tpu_specs[0].scaffold_fn is not None:
+    loop_body.scaffold_fns.append(tpu_specs[0].scaffold_fn)
+    tpu_specs[0] = tpu_specs[0]._replace(scaffold_fn=None)
   if mode == spec_lib.ModeKeys.TRAIN:  # metric_fn is for evaluation only
     tpu_specs[0] = tpu_specs[0]._replace(eval_metrics=None)
   field = 'eval_metrics' if mode == spec_lib.ModeKeys.EVAL else 'host_call'
@@ -90,15 +163,14 @@ def _merged_spec(raw_specs, mode):
     return tpu_specs[0].as_estimator_spec()
   tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
   metric_fn = host_call[0]
-  if mode == spec_lib.ModeKeys.EVAL and graph.building_function:
-    metric_fn = _EvaluationLoopMetrics.of(
-        _outermost(graph)).recorded_host_call(metric_fn, tensors)
+  if mode == spec_lib.ModeKeys.EVAL and loop_body is not None:
+    metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
   return tpu_specs[0]._replace(
       **{field: (metric_fn, tensors)}).as_estimator_spec()
 
 
 def _outermost(graph):
-  """The graph itself, or the one holding it when building a loop body."""
+  """The graph itself, or the one holding it when building a v2 loop body."""
   while getattr(graph, 'outer_graph', None) is not None:
     graph = graph.outer_graph
   return graph
@@ -133,16 +205,19 @@ def _checkpoint_names(engine, graph):
 
 
 def build(call_model_fn, features, labels, mode, embedding_config_spec,
-          num_shards, broadcast=False, partitioned_tables=False):
+          num_shards, batch_size, broadcast=False, partitioned_tables=False):
   """The EstimatorSpec of an emulated TPU TRAIN or EVAL step.
 
   Args:
     call_model_fn: `(features, labels) -> model_fn result` for one shard, with
       the per-shard batch size in params.
-    features, labels: the global batch from input_fn.
+    features, labels: the global batch from input_fn.  Like TPUEstimator,
+      raises unless what the model_fn receives has static shapes.
     mode: ModeKeys.TRAIN or ModeKeys.EVAL.
     embedding_config_spec: the `EmbeddingConfigSpec`, or None.
     num_shards: emulated TPU cores.
+    batch_size: the mode's global batch size (TPUEstimator's train or eval
+      batch size), the static batch of the activations, lengths and masks.
     broadcast: `InputPipelineConfig.BROADCAST`: every shard gets the whole
       batch (TPUEstimator refuses it with embedding features).
     partitioned_tables: the tables are split over parameter servers; they keep
@@ -160,8 +235,11 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
         embedding_config_spec.experimental_gradient_multiplier_fn,
         named_by_columns=not partitioned_tables)
     engine.create_variables(training=training)
-    activations = engine.lookup(features, num_shards)
-  model_features = _model_features(features, embedding_config_spec)
+    activations = engine.lookup(features, num_shards, batch_size)
+  model_features = _model_features(features, embedding_config_spec, batch_size)
+  _check_static_shapes(model_features, 'features')
+  if labels is not None:
+    _check_static_shapes(labels, 'labels')
 
   def slice_of(value, shard, name='Labels'):
     if broadcast:
@@ -229,12 +307,6 @@ def steps_per_run(graph):
   return int(tf.get_static_value(loops[0].op.inputs[0]))
 
 
-def _outside_the_loop(next_creator, **kwargs):
-  """Variable creator: variables are created once, outside the training loop."""
-  with tf.init_scope():
-    return next_creator(**kwargs)
-
-
 def _run_host_calls_in_loop(hooks):
   """`hooks`, with host_call tensors moved into the loop body.
 
@@ -277,24 +349,24 @@ def training_loop(build_step, next_batch, iterations):
 
   def body(step, loss):
     del loss
-    with tf.compat.v1.variable_creator_scope(_outside_the_loop):
+    with loop_body.creating_variables_outside():
       spec = build_step(*next_batch())
     hooks, host_calls = _run_host_calls_in_loop(spec.training_hooks)
     specs.append(spec._replace(training_hooks=hooks))
     with tf.control_dependencies([spec.train_op] + host_calls):
-      return step + 1, tf.identity(tf.cast(spec.loss, tf.float32))
+      return [step + 1, tf.identity(tf.cast(spec.loss, tf.float32))]
 
-  _, loss = tf.compat.v1.while_loop(
-      condition, body, [tf.constant(0), tf.constant(0.)],
-      maximum_iterations=iterations, name='training_loop')
+  with _building_loop_body(graph) as loop_body:
+    _, loss = tf.compat.v1.while_loop(
+        condition, body, [tf.constant(0), tf.constant(0.)],
+        maximum_iterations=iterations, name='training_loop')
   for key, items in before.items():
     graph.get_collection_ref(key)[:] = items
-  scaffold_fns = graph.get_collection(_DEFERRED_SCAFFOLD_FN)
   return spec_lib.EstimatorSpec(
       mode=spec_lib.ModeKeys.TRAIN, loss=loss, train_op=loss.op,
       training_hooks=specs[0].training_hooks,
       training_chief_hooks=specs[0].training_chief_hooks,
-      scaffold=scaffold_fns[0]() if scaffold_fns else None)
+      scaffold=loop_body.scaffold())
 
 
 class LoopIterationsHook(tf.compat.v1.train.SessionRunHook):
@@ -346,16 +418,6 @@ class _EvaluationLoopMetrics:
   built by calling the metric_fn again outside, on placeholders of its tensors,
   with its variables handed back in creation order (the values read only them).
   """
-  _COLLECTION = 'tpu_fc_evaluation_loop_metrics'
-
-  @classmethod
-  def of(cls, graph):
-    found = graph.get_collection(cls._COLLECTION)
-    if not found:
-      found = [cls()]
-      graph.add_to_collection(cls._COLLECTION, found[0])
-    return found[0]
-
   def __init__(self):
     self._variables = []
     self._replayed = 0
@@ -414,14 +476,14 @@ def evaluation_loop(build_step, next_batch, iterations):
   inside the loop keeps the updates of the steps before.
   """
   graph = tf.compat.v1.get_default_graph()
-  metrics = _EvaluationLoopMetrics.of(graph)
   eval_step = _tf_private.get_or_create_eval_step()
   specs, losses = [], []
 
   def body(step):
-    with tf.compat.v1.variable_creator_scope(_outside_the_loop):
+    with loop_body.creating_variables_outside():
       spec = build_step(*next_batch())
-      loss_update = metrics.recorded(tf.compat.v1.metrics.mean)(spec.loss)[1]
+      mean = loop_body.metrics.recorded(tf.compat.v1.metrics.mean)
+      loss_update = mean(spec.loss)[1]
     hooks, host_calls = _run_host_calls_in_loop(spec.evaluation_hooks)
     specs.append(spec._replace(evaluation_hooks=hooks))
     losses.append(spec.loss)
@@ -433,17 +495,18 @@ def evaluation_loop(build_step, next_batch, iterations):
     with tf.control_dependencies([counted]):
       return step + 1
 
-  loop = tf.compat.v1.while_loop(
-      lambda step: step < iterations, body, [tf.constant(0)],
-      maximum_iterations=iterations, name='evaluation_loop')
-  eval_metric_ops, mean_loss = metrics.values(losses[0])
+  with _building_loop_body(graph) as loop_body:
+    loop = tf.compat.v1.while_loop(
+        lambda step: step < iterations, body, [tf.constant(0)],
+        maximum_iterations=iterations, name='evaluation_loop')
+  eval_metric_ops, mean_loss = loop_body.metrics.values(losses[0])
   # Running the loop is the update of the mean loss, which the driver reports
   # as `loss`: one run, all iterations.
   eval_metric_ops[LOOP_LOSS_METRIC] = (mean_loss, loop)
   return spec_lib.EstimatorSpec(
       mode=spec_lib.ModeKeys.EVAL, loss=mean_loss,
       eval_metric_ops=eval_metric_ops,
-      evaluation_hooks=specs[0].evaluation_hooks, scaffold=specs[0].scaffold)
+      evaluation_hooks=specs[0].evaluation_hooks, scaffold=loop_body.scaffold())
 
 
 # The evaluation loop's (mean loss, loop) pair among its spec's metrics.

@@ -112,7 +112,8 @@ def check_ids(feature_name, table_name, ids, vocabulary_size):
 
 
 def _static_batch(features, embedding_features):
-  """The batch size the input gives the embedding features statically, or None.
+  """(feature, batch size) the input gives an embedding feature statically, or
+  (None, None).
 
   As on a TPU, whose infeed gives every tensor a static shape, activations then
   have a static batch dimension (model code such as `tf.zeros(logits.shape)`
@@ -123,8 +124,8 @@ def _static_batch(features, embedding_features):
     if value is not None and value.shape.rank:
       batch = tf.compat.dimension_value(value.shape[0])
       if batch is not None:
-        return batch
-  return None
+        return feature.name, batch
+  return None, None
 
 
 def _check_weights(feature, ids, weights):
@@ -178,6 +179,30 @@ def check_batch_divides(name, batch, num_shards):
           'make every batch of input_fn a multiple of {} examples, e.g. with '
           'Dataset.batch(batch_size, drop_remainder=True).'.format(
               name, num_shards, num_shards), batch))
+
+
+BATCH_SIZE_MISMATCH = (
+    'input_fn gave the embedding features a batch of {} examples, but the '
+    'configured batch size (train_batch_size / eval_batch_size) is {}; as on a '
+    'TPU, whose embedding config fixes the batch, batch the input by '
+    "params['batch_size'].")
+
+
+def check_static_batch(name, batch, batch_size):
+  """Raises unless feature `name`'s static `batch` (None: unknown) is the
+  configured `batch_size` (None: any)."""
+  if batch_size is not None and batch not in (None, batch_size):
+    raise ValueError('Feature {}: {}'.format(
+        name, BATCH_SIZE_MISMATCH.format(batch, batch_size)))
+
+
+def check_batch_size(name, rows, batch_size):
+  """An input check that feature `name` has `batch_size` rows (`rows`, known
+  only at run time)."""
+  return input_check(
+      tf.equal(rows, batch_size),
+      lambda: tf.strings.format('Feature {}: {}'.format(
+          name, BATCH_SIZE_MISMATCH.format('{}', batch_size)), rows))
 
 
 def _gather(table, ids):
@@ -332,13 +357,15 @@ class HostEmbeddingEngine:
 
   # Lookups -------------------------------------------------------------------
 
-  def lookup(self, features, num_shards=1):
+  def lookup(self, features, num_shards=1, batch_size=None):
     """Activations of every embedding-core feature, split into `num_shards` slices.
 
     Returns one dict per shard: feature name -> activation, plus
     `<name>_seq_length_` for sequence features; each activation is tied to its
     table's dummy variable when training (see `_tie`).  Raises on a missing
-    feature or weight, naming it.
+    feature or weight, naming it.  The batch dimension is static: `batch_size`
+    (the configured global batch, as a TPU's embedding config fixes it), else
+    the input's, when known.
     """
     self._step = tf.compat.v1.train.get_or_create_global_step().read_value()
     self._num_shards = num_shards
@@ -361,19 +388,22 @@ class HostEmbeddingEngine:
     for table in self.layout.tables:
       for lookup in self._table_lookups(table, parsed[table.name], ids_checked):
         combined.update(self._combine(table, lookup))
-    batch = _static_batch(features, self.layout.features)
-    if batch is not None and batch % num_shards == 0:  # else checked at run time
-      for value in combined.values():
-        value.set_shape([batch] + value.shape[1:])
+    name, batch = _static_batch(features, self.layout.features)
+    check_static_batch(name, batch, batch_size)
+    batch = batch or batch_size
     shards = [dict() for _ in range(num_shards)]
     for name, value in combined.items():
-      pieces = [value]
-      if num_shards > 1:
-        with tf.control_dependencies(
-            [check_batch_divides(
-                'Feature ' + name,
-                tf.shape(value, out_type=tf.int64)[0], num_shards)]):
-          pieces = tf.split(value, num_shards, axis=0)
+      rows = tf.shape(value, out_type=tf.int64)[0]
+      checks = []
+      if batch_size is not None:  # (configured to divide into the shards)
+        checks.append(check_batch_size(name, rows, batch_size))
+      elif num_shards > 1:
+        checks.append(check_batch_divides('Feature ' + name, rows, num_shards))
+      with tf.control_dependencies(checks):
+        value = tf.identity(value) if checks else value
+      if batch is not None and batch % num_shards == 0:  # else checked above
+        value.set_shape([batch] + value.shape[1:])
+      pieces = tf.split(value, num_shards, axis=0) if num_shards > 1 else [value]
       for shard, piece in enumerate(pieces):
         shards[shard][name] = piece
     for feature in self.layout.features:

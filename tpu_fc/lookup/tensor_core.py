@@ -15,8 +15,11 @@ from tpu_fc._tf import tf
 from tpu_fc.lookup import embedding_core
 
 
-def densify(features, feature_columns):
-  """`features` with every tensor-core feature replaced by its padded ids and mask."""
+def densify(features, feature_columns, batch_size=None):
+  """`features` with every tensor-core feature replaced by its padded ids and mask.
+
+  With `batch_size`, ids and mask have TF 2.15's static `[batch_size, width]`.
+  """
   result = dict(features)
   for column in feature_columns:
     key = column.get_feature_key_name()
@@ -30,6 +33,8 @@ def densify(features, feature_columns):
                      'features; got {}.'.format(key, column.name,
                                                 sorted(features)))
     ids = embedding_core.as_sparse(key, features[key], keep_zero_ids=False)
+    embedding_core.check_static_batch(
+        key, tf.compat.dimension_value(ids.shape[0]), batch_size)
     if not ids.dtype.is_integer:
       raise ValueError(embedding_core.STRING_IDS_ERROR.format(key))
     ids = tf.sparse.retain(ids, ids.values >= 0)
@@ -37,6 +42,12 @@ def densify(features, feature_columns):
         key, column.name, ids.values, column.categorical_column.num_buckets),
                           ids.dense_shape)
     width = columns_lib.tensor_core_shape(column)[1]
-    result[key], result[mask_key] = (
-        tpu_fc_v2.pad_sparse_embedding_lookup_indices(ids, width))
+    checks = [] if batch_size is None else [
+        embedding_core.check_batch_size(key, ids.dense_shape[0], batch_size)]
+    with tf.control_dependencies(checks):
+      padded = [tf.identity(t) for t in
+                tpu_fc_v2.pad_sparse_embedding_lookup_indices(ids, width)]
+    for tensor in padded:
+      tensor.set_shape([batch_size, width])
+    result[key], result[mask_key] = padded
   return result
