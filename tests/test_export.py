@@ -477,6 +477,24 @@ def test_assets_extra_as_text_and_export_savedmodel(trained, expected,
   assert_close(serve_examples(export_dir), expected)
 
 
+def test_a_failed_export_leaves_no_temp_directory(trained, tmp_path):
+  """A failure after the SavedModel was written (a missing assets_extra source;
+  a full disk alike) removes `temp-<timestamp>`: an export retried in the same
+  second would find it and fail."""
+  use_tpu, model_dir = trained
+  base = tmp_path / 'export'
+  estimator = make_estimator(model_dir, use_tpu)
+  receiver_fn = tpu_fc.export.build_parsing_serving_input_receiver_fn(
+      FEATURE_SPEC)
+  with pytest.raises(tf.errors.NotFoundError):
+    estimator.export_saved_model(
+        str(base), receiver_fn,
+        assets_extra={'vocab.txt': str(tmp_path / 'missing.txt')})
+  assert os.listdir(base) == []
+  export_dir = estimator.export_saved_model(str(base), receiver_fn)
+  assert os.listdir(base) == [os.path.basename(_str(export_dir))]
+
+
 def test_checkpoint_path_selects_the_exported_values(trained, tmp_path):
   use_tpu, model_dir = trained
   state = tf.train.get_checkpoint_state(str(model_dir))

@@ -1,6 +1,7 @@
 """What legacy TPUEstimator scripts tripped on, through the public API."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import tpu_fc
 from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, BATCH = 16, 4
 X = np.linspace(-1, 1, N * 2).astype(np.float32).reshape(N, 2)
 Y = (X[:, :1] > 0).astype(np.float32)
@@ -34,14 +36,18 @@ def model_fn(features, labels, mode, params):
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   if params['use_tpu']:
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
-  hooks = [tf.compat.v1.train.LoggingTensorHook({'loss': loss}, every_n_iter=1)
-          ] if params['hook_on_loss'] else []
+  hooks = {
+      None: [],
+      'logging': [tf.compat.v1.train.LoggingTensorHook({'loss': loss},
+                                                       every_n_iter=1)],
+      'nan': [tf.compat.v1.train.NanTensorHook(loss)],
+  }[params['hook_on_loss']]
   return params['spec'](
       mode, loss=loss, training_hooks=hooks,
       train_op=optimizer.minimize(loss, tf.compat.v1.train.get_global_step()))
 
 
-def _train(model_dir, use_tpu, hook_on_loss=False, driver=tpu_fc):
+def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc):
   """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
   estimator = driver.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
@@ -70,13 +76,50 @@ def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
     np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
 
 
-def test_hook_on_a_model_fn_tensor_says_to_use_host_call(tmp_path, tf_log):
-  """The hook works on the CPU; under the TPU loop the error says why and what to do."""
-  _train(tmp_path / 'cpu', use_tpu=False, hook_on_loss=True)
-  assert any(m.startswith('loss = ') for m in tf_log)
-  with pytest.raises(ValueError, match='training_hooks cannot fetch its '
-                     'tensors .*Pass them to host_call instead'):
-    _train(tmp_path / 'tpu', use_tpu=True, hook_on_loss=True)
+HOOK_EXPLANATION = ('training_hooks cannot fetch its tensors .*Pass them to '
+                    'host_call instead')
+
+
+@pytest.mark.parametrize('hook, wording', [
+    ('logging', 'should have graph attribute that is equal to current graph'),
+    ('nan', 'is not an element of this graph')])
+def test_hook_on_a_model_fn_tensor_says_to_use_host_call(tmp_path, tf_log, hook,
+                                                          wording):
+  """The hook works on the CPU; under the TPU loop the error (TF's, worded as
+  the hook fetches) says why and what to do."""
+  _train(tmp_path / 'cpu', use_tpu=False, hook_on_loss=hook)
+  if hook == 'logging':
+    assert any(m.startswith('loss = ') for m in tf_log)
+  with pytest.raises(ValueError, match='(?s)' + wording + '.*' + HOOK_EXPLANATION):
+    _train(tmp_path / 'tpu', use_tpu=True, hook_on_loss=hook)
+
+
+TF1_HOOK_SCRIPT = """
+import tpu_fc
+import tensorflow as tf
+import test_user_scripts as t
+tf.compat.v1.disable_v2_behavior()
+try:
+  t._train({!r}, use_tpu=True, hook_on_loss='nan')
+except ValueError as error:
+  print(type(error).__name__, error)
+"""
+
+
+def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
+    tmp_path):
+  """A TF1 loop's body op is not fetchable: TF's error class and wording, then
+  the explanation."""
+  finished = subprocess.run(
+      [sys.executable, '-c', TF1_HOOK_SCRIPT.format(str(tmp_path))],
+      cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
+      text=True, timeout=300, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+               os.environ.get('PYTHONPATH', '')))
+  assert finished.returncode == 0, finished.stderr[-4000:]
+  assert re.search('^InaccessibleTensorError .*has been marked as not '
+                   'fetchable.*' + HOOK_EXPLANATION,
+                   finished.stdout, re.S), finished.stdout
 
 
 HASH_BUCKETS = 7
@@ -145,7 +188,6 @@ def test_predict_of_ids_transformed_for_the_tpu(tmp_path, transform_in_predict):
 # A legacy script as users wrote it (tests/scripts/legacy_user_model.py), run
 # unchanged by `python -m tpu_fc run`, and on TF 2.15 by TF's own TPUEstimator.
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_MODEL = os.path.join(REPO, 'tests', 'scripts', 'legacy_user_model.py')
 
 

@@ -24,6 +24,7 @@ from tpu_fc import columns as columns_lib
 from tpu_fc import migration
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
+from tpu_fc.estimator import checkpoints
 from tpu_fc.lookup.embedding_core import DUMMY_VARIABLE_PREFIX
 
 EMBEDDING_KEY = 'embedding'
@@ -50,7 +51,7 @@ def _check_destination(source, destination, kind):
   would then fail)."""
   source_dir = source if tf.io.gfile.isdir(source) else os.path.dirname(source)
   same = os.path.abspath(destination) == os.path.abspath(source_dir or '.')
-  latest = (tf.train.latest_checkpoint(destination)
+  latest = (checkpoints.latest_checkpoint(destination)
             if tf.io.gfile.isdir(destination) else None)
   legacy_model_dir = (kind == 'mid-level' and latest is not None and not
                       _is_mid_level(n for n, _ in tf.train.list_variables(latest)))
@@ -68,7 +69,7 @@ def _check_destination(source, destination, kind):
 def checkpoint_prefix(path):
   """The checkpoint prefix for a model_dir (its latest) or a prefix."""
   if tf.io.gfile.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
+    latest = checkpoints.latest_checkpoint(path)
     if latest is None:
       raise CheckpointConversionError(
           'No checkpoint found in directory {}.'.format(path))

@@ -41,6 +41,23 @@ def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn
   """
   export_dir = export_utils.get_timestamped_export_dir(export_dir_base)
   temp_dir = export_utils.get_temp_export_dir(export_dir)
+  try:
+    _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
+                       checkpoint_path, as_text, random_seed)
+    _copy_assets_extra(temp_dir, assets_extra)
+  except BaseException:
+    # A retry in the same second would find it and fail: "already exists".
+    if tf.io.gfile.exists(temp_dir):
+      tf.io.gfile.rmtree(temp_dir)
+    raise
+  tf.io.gfile.rename(temp_dir, export_dir)
+  return export_dir
+
+
+def _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
+                       checkpoint_path, as_text, random_seed):
+  """Builds the PREDICT graph, restores `checkpoint_path` and writes it to
+  `temp_dir`."""
   with tf.Graph().as_default():
     tf.compat.v1.random.set_random_seed(random_seed)
     tf.compat.v1.train.get_or_create_global_step()
@@ -78,9 +95,6 @@ def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn
               tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
           main_op=local_init, saver=saver, strip_default_attrs=True)
       builder.save(as_text)
-  _copy_assets_extra(temp_dir, assets_extra)
-  tf.io.gfile.rename(temp_dir, export_dir)
-  return export_dir
 
 
 def _copy_assets_extra(export_dir, assets_extra):

@@ -30,6 +30,38 @@ _INPUT_PIPELINE_COLLECTION = 'tpu_fc_input_pipeline_saveables'
 _NON_SLOT_STATE = ('beta1_power', 'beta2_power')
 
 
+def latest_checkpoint(directory):
+  """`tf.train.latest_checkpoint(directory)`, refusing names outside it.
+
+  The `checkpoint` state file names the checkpoints that are read, restored and
+  pruned (`keep_checkpoint_max` deletes the oldest it names); a name outside
+  `directory` (absolute, or through '..') would have the driver read or delete
+  files there.  An explicit `checkpoint_path=` or warm start stays the user's
+  choice.
+  """
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return None
+  root = os.path.abspath(directory)
+  for path in [state.model_checkpoint_path] + list(
+      state.all_model_checkpoint_paths):
+    full = os.path.normpath(os.path.join(root, path))
+    if os.path.commonpath([root, full]) != root:
+      raise ValueError(
+          'The checkpoint state file {} names {}, outside {}: tpu_fc reads, '
+          'restores and deletes checkpoints only inside the model_dir. Remove '
+          'that name from the file (or the file), or pass the checkpoint '
+          'explicitly (checkpoint_path=, warm start).'.format(
+              os.path.join(directory, 'checkpoint'), full, directory))
+  return tf.train.latest_checkpoint(directory)
+
+
+def exists(prefix):
+  """Whether checkpoint `prefix` has its index and data files."""
+  return bool(tf.io.gfile.exists(prefix + '.index') and
+              tf.io.gfile.glob(prefix + '.data-*'))
+
+
 def record_names(graph, names):
   """Records the checkpoint name -> variable map the Saver must write."""
   graph.add_to_collection(_NAMES_COLLECTION, names)
@@ -200,7 +232,7 @@ def remove_cut_short_saves(model_dir):
   nothing that reads, and nothing in a directory without a checkpoint state
   is touched.
   """
-  latest = tf.train.latest_checkpoint(model_dir)
+  latest = latest_checkpoint(model_dir)
   latest_step = _step_of(latest) if latest else None
   if latest_step is None:  # no checkpoint state, or names of another writer
     return
@@ -298,7 +330,7 @@ class InputPipelinePosition:
 
   def restore(self, session):
     """Moves the (initialized) iterator to the latest checkpoint's position."""
-    checkpoint_path = tf.train.latest_checkpoint(self._model_dir)
+    checkpoint_path = latest_checkpoint(self._model_dir)
     if not checkpoint_path:
       return
     saved = checkpoint_shapes(checkpoint_path)

@@ -45,6 +45,9 @@ _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
 _CONTEXT_KEY = 'context'
 _RESERVED_PARAMS_KEYS = [_BATCH_SIZE_KEY, _CONTEXT_KEY]
+# Times a reader chooses the latest checkpoint again when a trainer pruned the
+# one it chose before reading it.
+_PRUNED_CHECKPOINT_RETRIES = 3
 _VALID_MODEL_FN_ARGS = frozenset(
     ['features', 'labels', 'mode', 'params', 'self', 'config'])
 
@@ -279,7 +282,7 @@ def _check_writable(model_dir):
 
 
 def _global_step_in(model_dir):
-  checkpoint = tf.train.latest_checkpoint(model_dir)
+  checkpoint = checkpoints.latest_checkpoint(model_dir)
   if not checkpoint:
     return 0
   reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)
@@ -396,15 +399,14 @@ class TPUEstimator(object):
     return os.path.join(self._model_dir, 'eval' if not name else 'eval_' + name)
 
   def latest_checkpoint(self):
-    return tf.train.latest_checkpoint(self._model_dir)
+    return checkpoints.latest_checkpoint(self._model_dir)
 
   def get_variable_names(self):
-    self._check_checkpoint_available()
-    return [name for name, _ in tf.train.list_variables(self._model_dir)]
+    return [name for name, _ in tf.train.list_variables(
+        self._checkpoint_available())]
 
   def get_variable_value(self, name):
-    self._check_checkpoint_available()
-    return tf.train.load_variable(self._model_dir, name)
+    return tf.train.load_variable(self._checkpoint_available(), name)
 
   def export_saved_model(self,
                          export_dir_base,
@@ -417,7 +419,6 @@ class TPUEstimator(object):
     Returns the timestamped export directory (bytes).  `export_to_tpu` adds a
     TPU meta graph only on a TPU system; without one it is skipped (logged).
     """
-    checkpoint_path = checkpoint_path or self._checkpoint_to_export()
     if not (self._export_to_cpu or self._export_to_tpu):
       raise ValueError('One of export_to_cpu and export_to_tpu must be true.')
     if self._export_to_tpu:
@@ -432,9 +433,30 @@ class TPUEstimator(object):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))
 
-    return serving.export_saved_model(
-        build_predict, export_dir_base, serving_input_receiver_fn,
-        checkpoint_path, assets_extra, as_text, self._config.tf_random_seed)
+    return self._reading_checkpoint(
+        checkpoint_path, self._checkpoint_to_export,
+        lambda checkpoint: serving.export_saved_model(
+            build_predict, export_dir_base, serving_input_receiver_fn,
+            checkpoint, assets_extra, as_text, self._config.tf_random_seed))
+
+  def _reading_checkpoint(self, checkpoint_path, choose, read):
+    """`read(checkpoint_path)`, or, without one, `read(choose())`, chosen again
+    when the chosen checkpoint was deleted before it was read (pruned by a
+    trainer's keep_checkpoint_max), a few times; then the error stands."""
+    if checkpoint_path:
+      return read(checkpoint_path)
+    for attempt in range(_PRUNED_CHECKPOINT_RETRIES):
+      chosen = choose()
+      try:
+        return read(chosen)
+      except (tf.errors.OpError, ValueError):
+        if (not chosen or checkpoints.exists(chosen) or
+            attempt + 1 == _PRUNED_CHECKPOINT_RETRIES):
+          raise
+        tf.compat.v1.logging.warning(
+            'Checkpoint %s was deleted before it was read (pruned by a '
+            "training run's keep_checkpoint_max?); reading the latest one.",
+            chosen)
 
   def _checkpoint_to_export(self):
     """The latest checkpoint, else the warm-start one (as Estimator exports)."""
@@ -460,10 +482,13 @@ class TPUEstimator(object):
     return self.export_saved_model(export_dir_base, serving_input_receiver_fn,
                                    assets_extra, as_text, checkpoint_path)
 
-  def _check_checkpoint_available(self):
-    if not self.latest_checkpoint():
+  def _checkpoint_available(self):
+    """The latest checkpoint; raises (TF's error) without one."""
+    checkpoint = self.latest_checkpoint()
+    if not checkpoint:
       raise ValueError('Could not find trained model in model_dir: {}.'.format(
           self._model_dir))
+    return checkpoint
 
   def train(self,
             input_fn,
@@ -586,17 +611,20 @@ class TPUEstimator(object):
       if steps <= 0:
         raise ValueError('Must specify steps > 0, given: {}'.format(steps))
       hooks.append(_tf_private.StopAfterNEvalsHook(num_evals=steps))
-    if not checkpoint_path:
-      checkpoint_path = self.latest_checkpoint()
-      if not checkpoint_path:
+
+    def evaluate_checkpoint(checkpoint):
+      if not checkpoint:
         tf.compat.v1.logging.info(
             'Could not find trained model in model_dir: {}, running '
             'initialization to evaluate.'.format(self._model_dir))
-    with tf.Graph().as_default():
-      spec, input_hooks = self._build_graph(input_fn, ModeKeys.EVAL,
-                                            checkpoint_path, eval_steps=steps)
-      return loops.evaluate(spec, input_hooks + hooks, checkpoint_path,
-                            self._config, self.eval_dir(name))
+      with tf.Graph().as_default():
+        spec, input_hooks = self._build_graph(input_fn, ModeKeys.EVAL,
+                                              checkpoint, eval_steps=steps)
+        return loops.evaluate(spec, input_hooks + hooks, checkpoint,
+                              self._config, self.eval_dir(name))
+
+    return self._reading_checkpoint(checkpoint_path, self.latest_checkpoint,
+                                    evaluate_checkpoint)
 
   def predict(self,
               input_fn,
@@ -607,18 +635,21 @@ class TPUEstimator(object):
     """Yields predictions (dicts, or the tensor's values) until input ends."""
     hooks = _check_hooks_type(hooks)
     self._start_cluster_server()
-    if not checkpoint_path:
-      checkpoint_path = self.latest_checkpoint()
-    if not checkpoint_path:
-      tf.compat.v1.logging.info(
-          'Could not find trained model in model_dir: {}, running '
-          'initialization to predict.'.format(self._model_dir))
-    with tf.Graph().as_default():
-      spec, input_hooks = self._build_graph(input_fn, ModeKeys.PREDICT,
-                                            checkpoint_path)
-      predictions = loops.predict(spec, input_hooks + hooks, checkpoint_path,
-                                  self._config, predict_keys,
-                                  yield_single_examples)
+
+    def start_predicting(checkpoint):
+      """The predictions' generator, its session started (restored) now."""
+      if not checkpoint:
+        tf.compat.v1.logging.info(
+            'Could not find trained model in model_dir: {}, running '
+            'initialization to predict.'.format(self._model_dir))
+      with tf.Graph().as_default():
+        spec, input_hooks = self._build_graph(input_fn, ModeKeys.PREDICT,
+                                              checkpoint)
+        return loops.predict(spec, input_hooks + hooks, checkpoint,
+                             self._config, predict_keys, yield_single_examples)
+
+    predictions = self._reading_checkpoint(
+        checkpoint_path, self.latest_checkpoint, start_predicting)
     yield from predictions
 
   def _start_cluster_server(self):

@@ -97,9 +97,15 @@ def train(spec, hooks, saving_listeners, config):
   return loss
 
 
-# TF's message when a hook's tensor belongs to another graph (here: the body of
-# the emulated TPU training loop).
-_OTHER_GRAPH_ERROR = 'should have graph attribute that is equal to current graph'
+# TF's wordings for a hook's tensor it cannot fetch from the body of the
+# emulated TPU training loop: another graph's (a v2 loop's body is a function:
+# `LoggingTensorHook`'s check, then `Session.run`'s) or a v1 loop's unfetchable
+# op (an `InaccessibleTensorError`).
+_LOOP_FETCH_ERRORS = (
+    'should have graph attribute that is equal to current graph',
+    'is not an element of this graph',
+    'has been marked as not fetchable',
+)
 
 
 @contextlib.contextmanager
@@ -111,10 +117,10 @@ def _hooks_fetching_loop_tensors_explained():
   try:
     yield
   except ValueError as error:
-    if (_OTHER_GRAPH_ERROR not in str(error) or
+    if (not any(wording in str(error) for wording in _LOOP_FETCH_ERRORS) or
         not tpu_emulation.in_training_loop(tf.compat.v1.get_default_graph())):
       raise
-    raise ValueError(
+    raise type(error)(
         '{}\nWith use_tpu=True the model_fn runs inside the TPU training loop '
         '(iterations_per_loop steps per session.run), so, as on a TPU, '
         'training_hooks cannot fetch its tensors (e.g. LoggingTensorHook on the '
