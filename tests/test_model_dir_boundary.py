@@ -1,10 +1,16 @@
-"""The driver reads, restores and deletes checkpoints only inside model_dir.
+"""The driver's hold on model_dir: its checkpoints only, one trainer at a time.
 
 A `checkpoint` state file may name any path; TF 2.15's Estimator restores from it
 and, with `keep_checkpoint_max`, deletes what it names.  tpu_fc refuses such a
-file with an error naming it and the path, and touches nothing outside.
+file with an error naming it and the path, and touches nothing outside.  A
+reader whose checkpoint a trainer pruned reads the newest; a second trainer on
+one model_dir fails at once.
 """
 import os
+import signal
+import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +20,7 @@ from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 
 BATCH = 4
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _input_fn(params):
@@ -145,3 +152,48 @@ def test_a_checkpoint_pruned_before_it_is_read_is_replaced_by_the_latest(
   assert hook.pruned == [str(model_dir / 'model.ckpt-2')]
   assert any('Checkpoint {} was deleted before it was read'.format(
       hook.pruned[0]) in message for message in tf_log)
+
+
+class _TrainAgainHook(tf.compat.v1.train.SessionRunHook):
+  """Starts a second training run on the model_dir while the first runs."""
+
+  def __init__(self, estimator):
+    self._estimator = estimator
+    self.error = None
+
+  def after_create_session(self, session, coord):
+    del session, coord
+    try:
+      self._estimator.train(_input_fn, max_steps=5)
+    except RuntimeError as error:
+      self.error = str(error)
+
+
+def test_a_second_training_run_on_a_model_dir_fails_at_once(tmp_path):
+  model_dir = tmp_path / 'model'
+  hook = _TrainAgainHook(_estimator(model_dir))
+  _estimator(model_dir).train(_input_fn, max_steps=2, hooks=[hook])
+  assert hook.error == (
+      'model_dir {} is being trained by another run (pid {} on {}): two runs '
+      "would overwrite each other's checkpoints. Wait for it to end, or train "
+      'into another model_dir.'.format(model_dir, os.getpid(),
+                                       socket.gethostname()))
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith('model.ckpt-2')
+  _estimator(model_dir).train(_input_fn, max_steps=3)  # released at the end
+
+
+def test_a_killed_training_run_leaves_no_lock(tmp_path):
+  model_dir = tmp_path / 'model'
+  model_dir.mkdir()
+  killed = subprocess.run(
+      [sys.executable, '-c', 'import os, signal\n'
+       'from tpu_fc.estimator import checkpoints\n'
+       'with checkpoints.training_lock({!r}):\n'
+       '  os.kill(os.getpid(), signal.SIGKILL)\n'.format(str(model_dir))],
+      capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+               os.environ.get('PYTHONPATH', '')))
+  assert killed.returncode == -signal.SIGKILL, killed.stderr
+  assert (model_dir / '.tpu_fc_training.lock').read_text().startswith('pid ')
+  _estimator(model_dir).train(_input_fn, max_steps=1)
+  assert tf.train.latest_checkpoint(str(model_dir)).endswith('model.ckpt-1')

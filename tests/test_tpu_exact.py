@@ -346,7 +346,9 @@ def test_embedding_ids_of_another_batch_than_configured_fail(tmp_path, static):
 def test_multivalent_sequence_ids(tmp_path, num_shards):
   """Rank-3 ids `[batch, position, ids]` of a sequence column: the ids at one
   position are combined with the column's combiner (mean), positions past
-  max_sequence_length dropped, lengths capped.  Loss = sum(activation * C)."""
+  max_sequence_length dropped, lengths capped: in training, evaluation and
+  predict (a CPU lookup of the sequence cut as the TPU cuts it).
+  Loss = sum(activation * C)."""
   table0 = np.arange(12, dtype=np.float32).reshape(6, 2) / 10
   coefficients = np.array([[[1., 2.], [3., 4.]], [[5., 6.], [7., 8.]]],
                           np.float32)
@@ -363,6 +365,9 @@ def test_multivalent_sequence_ids(tmp_path, num_shards):
     del labels, params
     sequence, lengths = tf.keras.experimental.SequenceFeatures([history])(
         features)
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return tpu_fc.TPUEstimatorSpec(mode, predictions={
+          'sequence': sequence, 'lengths': lengths})
     loss = tf.reduce_sum(sequence * features['c']) + tf.reduce_sum(
         tf.cast(lengths, tf.float32)) * 100  # lengths (2, 1): 300
     if mode != tpu_fc.ModeKeys.TRAIN:
@@ -378,6 +383,7 @@ def test_multivalent_sequence_ids(tmp_path, num_shards):
 
   estimator = tpu_fc.TPUEstimator(
       model_fn=model_fn, train_batch_size=2, eval_batch_size=2,
+      predict_batch_size=2,
       config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
           num_shards=num_shards)),
       embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
@@ -399,6 +405,37 @@ def test_multivalent_sequence_ids(tmp_path, num_shards):
                            [want[5], [0., 0.]]], np.float32)
     np.testing.assert_allclose(loss, (activation * coefficients).sum() + 300,
                                rtol=1e-6)
+    predicted = next(estimator.predict(input_fn, yield_single_examples=False))
+    np.testing.assert_allclose(predicted['sequence'], activation, rtol=1e-6)
+    np.testing.assert_array_equal(predicted['lengths'], [2, 1])
+    _check_serving_cuts_sequences(estimator, tmp_path, activation)
+
+
+def _check_serving_cuts_sequences(estimator, tmp_path, activation):
+  """The exported model serves `activation` for test_multivalent_sequence_ids'
+  ids, also with 20,000 more positions in example 0: it cuts them as the TPU
+  does, so a request's memory is bounded by batch x max_sequence_length x dim."""
+
+  def receiver_fn():
+    ids = tf.compat.v1.sparse_placeholder(tf.int64, [None, None, None])
+    return tpu_fc.export.ServingInputReceiver({'h': ids}, {'h': ids})
+
+  export_dir = estimator.export_saved_model(str(tmp_path / 'export'),
+                                            receiver_fn)
+  extra = 20000
+  indices = np.array([[0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0]] +
+                     [[0, 2 + p, 0] for p in range(extra)], np.int64)
+  values = np.array([1, 2, 3, 5] + [4] * extra, np.int64)
+  with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    signature = tf.compat.v1.saved_model.load(
+        session, ['serve'], export_dir).signature_def['serving_default']
+    sparse = signature.inputs['h'].coo_sparse
+    served = session.run(
+        signature.outputs['sequence'].name,
+        {sparse.indices_tensor_name: indices,
+         sparse.values_tensor_name: values,
+         sparse.dense_shape_tensor_name: [2, 2 + extra, 2]})
+  np.testing.assert_allclose(served, activation, rtol=1e-6)
 
 
 class _EvalRunsHook(tf.compat.v1.train.SessionRunHook):

@@ -14,7 +14,10 @@ position (its iterator state), written by the same save as the weights, so a res
 resumes both from one consistent point.
 """
 import collections
+import contextlib
+import fcntl
 import os
+import socket
 
 from tensorflow.python.data.experimental.ops import iterator_ops
 from tensorflow.python.ops import variables as variables_lib
@@ -54,6 +57,40 @@ def latest_checkpoint(directory):
           'explicitly (checkpoint_path=, warm start).'.format(
               os.path.join(directory, 'checkpoint'), full, directory))
   return tf.train.latest_checkpoint(directory)
+
+
+TRAINING_LOCK = '.tpu_fc_training.lock'
+
+
+@contextlib.contextmanager
+def training_lock(model_dir):
+  """Holds `model_dir` for one training run; a second run fails at once.
+
+  Two runs would overwrite each other's checkpoints (or trip on a shared temp
+  folder).  An `flock` on `model_dir/.tpu_fc_training.lock`, which the OS
+  releases when its process ends, however it ends: a killed run leaves no
+  stale lock.  Local directories only (a `gs://` model_dir is not locked).
+  """
+  if '://' in model_dir:
+    yield
+    return
+  with open(os.path.join(model_dir, TRAINING_LOCK), 'a+') as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      lock.seek(0)
+      raise RuntimeError(
+          'model_dir {} is being trained by another run ({}): two runs would '
+          "overwrite each other's checkpoints. Wait for it to end, or train "
+          'into another model_dir.'.format(
+              model_dir, lock.read().strip() or 'unknown')) from None
+    lock.truncate(0)
+    lock.write('pid {} on {}'.format(os.getpid(), socket.gethostname()))
+    lock.flush()
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def exists(prefix):

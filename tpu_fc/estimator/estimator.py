@@ -39,6 +39,7 @@ from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
 from tpu_fc.estimator.spec import to_estimator_spec
 from tpu_fc.lookup import context as lookup_context
+from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import tpu_embedding
 
 _BATCH_SIZE_KEY = 'batch_size'
@@ -429,6 +430,8 @@ class TPUEstimator(object):
     def build_predict(features):
       params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
       params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
+      if self._use_tpu:
+        features = self._cut_sequences(features)
       with lookup_context.building(ModeKeys.PREDICT):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))
@@ -532,8 +535,16 @@ class TPUEstimator(object):
       hooks.append(tpu_emulation.LoopIterationsHook(steps, max_steps))
     saving_listeners = _check_listeners_type(saving_listeners)
     _check_writable(self._model_dir)
-    if self._config.is_chief:
-      checkpoints.remove_cut_short_saves(self._model_dir)
+    with contextlib.ExitStack() as held:
+      if self._config.is_chief:  # the one task that writes checkpoints
+        held.enter_context(checkpoints.training_lock(self._model_dir))
+        checkpoints.remove_cut_short_saves(self._model_dir)
+      loss = self._train(input_fn, hooks, position_hooks, saving_listeners)
+    tf.compat.v1.logging.info('Loss for final step: %s.', loss)
+    return self
+
+  def _train(self, input_fn, hooks, position_hooks, saving_listeners):
+    """Builds the TRAIN graph and trains; returns the last loss."""
     with tf.Graph().as_default() as graph, graph.device(
         distributed.device_fn(self._config)):
       spec, input_hooks = self._build_graph(
@@ -543,10 +554,8 @@ class TPUEstimator(object):
       if (distributed.is_parameter_server_cluster(self._config) and
           not self._config.is_chief):
         distributed.wait_for_chief(self._config)
-      loss = loops.train(spec, input_hooks + hooks, saving_listeners,
+      return loops.train(spec, input_hooks + hooks, saving_listeners,
                          self._config)
-    tf.compat.v1.logging.info('Loss for final step: %s.', loss)
-    return self
 
   def _with_progress_logging(self, spec, graph):
     """`spec` with the hooks logging loss, step and rates, as TF placed them.
@@ -747,7 +756,8 @@ class TPUEstimator(object):
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
       with lookup_context.building(mode):
         return to_estimator_spec(self._call_model_fn(
-            features, labels, mode, config, self._params_for(mode, use_tpu=True)))
+            self._cut_sequences(features), labels, mode, config,
+            self._params_for(mode, use_tpu=True)))
     num_shards = self._num_shards()
     broadcast = (self._config.tpu_config.per_host_input_for_training ==
                  InputPipelineConfig.BROADCAST)
@@ -759,6 +769,13 @@ class TPUEstimator(object):
         features, labels, mode, self._embedding_config_spec, num_shards,
         self._batch_sizes[mode], broadcast,
         distributed.is_parameter_server_cluster(self._config))
+
+  def _cut_sequences(self, features):
+    """A TPU model's predict and serving inputs, sequences cut as on the TPU."""
+    if self._embedding_config_spec is None:
+      return features
+    return embedding_core.cut_sequences(
+        features, self._embedding_config_spec.embedding_layout())
 
   def _loop_iterations(self, mode, eval_steps=None):
     """Steps per session.run on the emulated TPU, in an in-graph loop.

@@ -111,6 +111,37 @@ def check_ids(feature_name, table_name, ids, vocabulary_size):
     return tf.identity(ids)
 
 
+def cut_sequences(features, layout):
+  """`features` with each sequence feature (and its weights) cut at its
+  max_sequence_length, as the TPU enqueues it.
+
+  For the CPU lookups of predict and serving of a TPU model: they then compute
+  what the TPU does (sparse ids padded to `[batch, max_sequence_length, ...]`,
+  lengths capped), in memory bounded by batch x max_sequence_length x dim
+  whatever a request holds.
+  """
+  if not isinstance(features, dict):
+    return features
+  result = dict(features)
+  for feature in layout.features:
+    if not feature.is_sequence:
+      continue
+    for key in (feature.name, feature.weight_key):
+      if result.get(key) is not None:
+        result[key] = _cut(result[key], feature.max_sequence_length)
+  return result
+
+
+def _cut(value, length):
+  """`value`'s positions (axis 1) past `length` dropped; sparse ones padded."""
+  if isinstance(value, tf.SparseTensor):
+    shape = tf.concat([value.dense_shape[:1], [length], value.dense_shape[2:]],
+                      axis=0)
+    return tf.sparse.reset_shape(
+        tf.sparse.slice(value, tf.zeros_like(value.dense_shape), shape), shape)
+  return value[:, :length]
+
+
 def _static_batch(features, embedding_features):
   """(feature, batch size) the input gives an embedding feature statically, or
   (None, None).
