@@ -108,10 +108,21 @@ def test_good_requests_and_empty_strings_serve_exactly(parsing):
                  id='not_an_example'),
     pytest.param(lambda: tf.constant([1, 2], tf.int64), id='ints_for_strings'),
     pytest.param(lambda: tf.constant([[example([1], ['a'])]]), id='rank_2'),
+    pytest.param(lambda: tf.constant([b'\xff\xfe\x80']), id='not_utf_8'),
 ])
 def test_parsing_signature_bad_request_then_good(parsing, bad):
   with pytest.raises((tf.errors.InvalidArgumentError, TypeError, ValueError)):
     parsing(examples=bad())
+  _serves_good_after(parsing, examples=tf.constant(
+      [example(*row) for row in GOOD]))
+
+
+def test_a_str_that_is_not_unicode_text_is_refused_before_the_model(parsing):
+  """Bytes are served whatever they hold; a Python str with lone surrogates
+  (e.g. bytes decoded with 'surrogateescape') cannot become a string tensor:
+  TF's Python binding raises TypeError before the model runs."""
+  with pytest.raises(TypeError, match='Error converting unicode string'):
+    parsing(examples=['\udcff'])
   _serves_good_after(parsing, examples=tf.constant(
       [example(*row) for row in GOOD]))
 
@@ -133,3 +144,8 @@ def test_fixed_batch_signature_refuses_an_oversize_batch(model_dir, tmp_path):
   with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
     signature(**oversize)
   _serves_good_after(signature, **good)
+  # Words that are not UTF-8 are words like any other: unknown ones, no ids.
+  not_utf_8 = dict(good, word_values=tf.constant([b'\xff\xfe', b'c', b'b']))
+  np.testing.assert_allclose(
+      signature(**not_utf_8)['net'].numpy(),
+      expected([([1, 2], []), ([3], ['c', 'b'])]), rtol=0, atol=1e-6)
