@@ -13,6 +13,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'scripts'))
 import cluster_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SCRIPT = os.path.join(os.path.dirname(__file__), 'scripts', 'cluster_model.py')
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_SECS = 150
 TOL = dict(rtol=1e-5, atol=1e-5)
 REPLICAS = 2  # the chief and one worker
@@ -364,3 +367,79 @@ def test_launcher_stops_every_process_at_its_timeout(tmp_path):
     job.run()
   assert time.monotonic() - started < 60
   assert all(task.process is None for task in job._tasks)  # pylint: disable=protected-access
+
+
+PROBE = os.path.join(os.path.dirname(__file__), 'scripts', 'cluster_probe.py')
+
+
+def _probed_tasks(out_dir, jobs, seconds=120):
+  """{job: what cluster_probe.py wrote} once every job's task wrote it."""
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    paths = {job: out_dir / (job + '.json') for job in jobs}
+    if all(path.exists() for path in paths.values()):
+      return {job: json.loads(path.read_text()) for job, path in paths.items()}
+    time.sleep(0.1)
+  raise AssertionError('the tasks did not start: {}'.format(
+      sorted(os.listdir(out_dir))))
+
+
+def _reachable(port):
+  try:
+    with socket.create_connection(('127.0.0.1', port), timeout=5):
+      return True
+  except OSError:
+    return False
+
+
+@pytest.mark.parametrize('host_network', [False, True])
+def test_task_servers_are_reachable_only_by_the_tasks(tmp_path, capfd,
+                                                      host_network):
+  """TF's servers listen on every interface; the launcher's tasks run in a
+  network namespace of their own, so nothing outside reaches them (each task
+  reaches its own).  With host_network the probe does reach them, warned."""
+  out_dir = tmp_path / 'out'
+  out_dir.mkdir()
+  job = cluster.LocalCluster(PROBE, [str(out_dir)], num_ps=1, num_workers=0,
+                             log_dir=str(tmp_path / 'logs'), timeout=120,
+                             host_network=host_network)
+  with job:
+    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
+    reached = {name: _reachable(task['port']) for name, task in tasks.items()}
+    (out_dir / 'release').touch()
+    job.wait()
+  assert reached == {'ps-0': host_network, 'chief-0': host_network}
+  warned = "the tasks use the machine's network" in capfd.readouterr().err
+  assert warned == host_network
+
+
+def _running(pid):
+  """Whether `pid` runs (a zombie whose parent died does not)."""
+  try:
+    with open('/proc/{}/status'.format(pid)) as f:
+      return 'State:\tZ' not in f.read()
+  except FileNotFoundError:
+    return False
+
+
+def test_no_task_outlives_a_killed_launcher(tmp_path):
+  """SIGKILL leaves the launcher no chance to stop its tasks: the kernel kills
+  them (and the namespace holder) when it dies."""
+  out_dir = tmp_path / 'out'
+  out_dir.mkdir()
+  launcher = subprocess.Popen(
+      [sys.executable, '-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '1',
+       '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+               os.environ.get('PYTHONPATH', '')))
+  try:
+    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0', 'worker-0'])
+  finally:
+    launcher.kill()
+    launcher.wait()
+  deadline = time.monotonic() + 30
+  while (any(_running(task['pid']) for task in tasks.values()) and
+         time.monotonic() < deadline):
+    time.sleep(0.1)
+  assert not [name for name, task in tasks.items() if _running(task['pid'])]

@@ -138,6 +138,10 @@ def _add_cluster_command(commands):
                        help='stop the job after this many seconds')
   cluster.add_argument('--max_restarts', type=int, default=3,
                        help='restarts of a killed task before the job fails')
+  cluster.add_argument('--host_network', action='store_true',
+                       help="run the tasks on the machine's network (they "
+                       'reach the internet, and their servers listen on every '
+                       'interface) instead of a loopback of their own')
   cluster.add_argument('script', help='the script every task runs, as __main__')
   cluster.add_argument('script_args', nargs=argparse.REMAINDER,
                        help='arguments passed to the script')

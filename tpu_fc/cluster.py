@@ -1,7 +1,9 @@
 """A parameter-server cluster on this machine: `tpu-fc cluster --ps N --workers M [--evaluator] -- SCRIPT.py`.
 
 Starts one process per task (the chief, M workers, N ps tasks, and with
-`--evaluator` an `evaluator` task) on 127.0.0.1 with free ports, each running
+`--evaluator` an `evaluator` task) on 127.0.0.1 with free ports, in a network
+namespace of their own (`tpu_fc.local_network`: TF's servers listen on every
+interface; `--host_network` opts out, warned), each running
 the script through `python -m tpu_fc run` with its own `TF_CONFIG`, as a cluster
 manager would; TF's runtime does the rest (see `tpu_fc.estimator.distributed`).
 The evaluator is not part of the cluster spec (as in Estimator): it reads the
@@ -17,7 +19,7 @@ Supervision, as Estimator's cluster managers did:
   returns after evaluating the final checkpoint) exited 0; the ps tasks are
   then stopped.  Every process is stopped on the way out, whatever happens
   (its own process group: SIGTERM, then SIGKILL), and the whole run is bounded
-  by `timeout`.
+  by `timeout`; a launcher killed outright takes its tasks with it.
 
 Each task's output goes to `<log_dir>/<job>-<index>.log`; restarted tasks
 append, and see how often they were restarted in `TPU_FC_RESTART_COUNT`.
@@ -34,9 +36,18 @@ import tempfile
 import time
 from typing import Dict, List, Tuple
 
+from tpu_fc import local_network
+
 RESTART_COUNT_ENV = 'TPU_FC_RESTART_COUNT'
 _POLL_SECS = 0.05
 _STOP_GRACE_SECS = 5.0
+
+
+_EXPOSED_WARNING = (
+    'tpu_fc cluster: WARNING: {}: the tasks use the machine\'s network, and '
+    'TensorFlow\'s servers listen on every interface, unauthenticated: anyone '
+    'who reaches these ports can run graphs here. Firewall them (see '
+    'docs/scaling.md).')
 
 
 class ClusterError(RuntimeError):
@@ -79,6 +90,7 @@ class _Task:
   """One task's process, restarted in place."""
 
   def __init__(self, job, index, command, env, log_path):
+    """`command` runs as given (see `local_network.task_command`)."""
     self.job, self.index = job, index
     self._command, self._env, self.log_path = command, env, log_path
     self.restarts = 0
@@ -131,7 +143,7 @@ class LocalCluster:
 
   def __init__(self, script, script_args=(), num_ps=1, num_workers=1,
                log_dir=None, timeout=None, max_restarts=3, env=None,
-               evaluator=False):
+               evaluator=False, host_network=False):
     if num_ps < 1:
       raise ValueError('A parameter-server cluster needs --ps >= 1, got '
                        '{}.'.format(num_ps))
@@ -147,6 +159,8 @@ class LocalCluster:
     self._max_restarts = max_restarts
     self._env = dict(os.environ if env is None else env)
     self._tasks: List[_Task] = []
+    self._host_network = host_network
+    self._holder = None
     self.job_restarts = 0
 
   def __enter__(self):
@@ -156,8 +170,24 @@ class LocalCluster:
   def __exit__(self, *exc_info):
     self.stop()
 
+  def _network(self):
+    """The namespace tasks run in (None: the machine's network), with a
+    warning where the servers are exposed."""
+    if self._host_network:
+      print(_EXPOSED_WARNING.format('--host-network'), file=sys.stderr,
+            flush=True)
+      return None
+    self._holder = local_network.holder()
+    if self._holder.pid is None:
+      print(_EXPOSED_WARNING.format(
+          'no network namespace could be created ({})'.format(
+              self._holder.reason)), file=sys.stderr, flush=True)
+    return self._holder.pid
+
   def start(self):
-    """Starts every task on fresh ports."""
+    """Starts every task on fresh ports, in a network of their own (loopback)."""
+    namespace = self._network()
+    command = local_network.task_command(self._command, namespace)
     spec = cluster_spec(self._num_ps, self._num_workers)
     restarts = {(t.job, t.index): t.restarts for t in self._tasks}
     self._tasks = []
@@ -168,7 +198,7 @@ class LocalCluster:
     for job, index in tasks:
       env = dict(self._env, TF_CONFIG=json.dumps(
           {'cluster': spec, 'task': {'type': job, 'index': index}}))
-      task = _Task(job, index, self._command, env, os.path.join(
+      task = _Task(job, index, command, env, os.path.join(
           self.log_dir, '{}-{}.log'.format(job, index)))
       task.restarts = restarts.get((job, index), 0)
       task.start()
@@ -178,6 +208,9 @@ class LocalCluster:
     """Stops every task still running (the evaluator and trainers first, ps tasks last)."""
     for task in reversed(self._tasks):
       task.stop()
+    if self._holder is not None:
+      self._holder.stop()
+      self._holder = None
 
   def task(self, job, index):
     return next(t for t in self._tasks if (t.job, t.index) == (job, index))
@@ -255,7 +288,8 @@ def main(args):
     cluster = LocalCluster(args.script, args.script_args, num_ps=args.ps,
                            num_workers=args.workers, log_dir=args.log_dir,
                            timeout=args.timeout, max_restarts=args.max_restarts,
-                           evaluator=args.evaluator)
+                           evaluator=args.evaluator,
+                           host_network=args.host_network)
   except ValueError as error:
     raise SystemExit('tpu-fc cluster: {}'.format(error)) from error
   print('tpu_fc cluster: {} ps, a chief, {} workers{}; logs in {}'.format(
