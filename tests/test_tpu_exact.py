@@ -450,11 +450,14 @@ class _EvalRunsHook(tf.compat.v1.train.SessionRunHook):
         tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.EVAL_STEP)[0]))
 
 
+@pytest.mark.parametrize('input_kind', ['dataset', 'iterator_tensors'])
 @pytest.mark.parametrize('steps', [2, 6])
-def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps):
+def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps, input_kind):
   """`test_eval_steps_not_effected_by_training_iterations`: hooks see one
   run, after which the eval step is `steps`; the metrics are those of all
-  `steps` batches (here the MAE over batches whose labels grow by 1 each)."""
+  `steps` batches (here the MAE over batches whose labels grow by 1 each).
+  An input_fn may return a Dataset or its iterator's `get_next()` tensors
+  (a new batch each step, as a TPU's infeed enqueues them)."""
   def model_fn(features, labels, mode, params):
     del params
     predictions = tf.compat.v1.layers.dense(
@@ -470,7 +473,9 @@ def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps):
     del params
     batches = tf.data.Dataset.range(100).map(
         lambda i: ({'x': tf.ones([4, 2])}, tf.fill([4, 1], tf.cast(i, tf.float32))))
-    return batches
+    if input_kind == 'dataset':
+      return batches
+    return tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
 
   estimator = tpu_fc.TPUEstimator(
       model_fn=model_fn, train_batch_size=4, eval_batch_size=4,

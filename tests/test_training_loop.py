@@ -37,7 +37,12 @@ def model_fn(features, labels, mode, params):
       loss, tf.compat.v1.train.get_global_step()))
 
 
-def _train(model_dir, iterations_per_loop, runs):
+def iterator_input_fn(params):
+  """The same batches as tensors of the iterator's `get_next()`."""
+  return tf.compat.v1.data.make_one_shot_iterator(input_fn(params)).get_next()
+
+
+def _train(model_dir, iterations_per_loop, runs, input_fn=input_fn):
   estimator = tpu_fc.TPUEstimator(
       model_fn=model_fn, use_tpu=True, train_batch_size=BATCH,
       embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
@@ -59,11 +64,16 @@ def _train(model_dir, iterations_per_loop, runs):
   return estimator, len(session_runs)
 
 
+@pytest.mark.parametrize('looped_input_fn', [input_fn, iterator_input_fn],
+                         ids=['dataset', 'iterator_tensors'])
 @pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
-def test_loop_gives_the_step_by_step_result_in_fewer_runs(tmp_path):
+def test_loop_gives_the_step_by_step_result_in_fewer_runs(tmp_path,
+                                                          looped_input_fn):
+  """Also for an input_fn returning an iterator's `get_next()` tensors (here
+  with sparse ids): a new batch each step, as a TPU's infeed enqueues them."""
   runs = [dict(max_steps=7), dict(steps=4)]
   stepwise, stepwise_runs = _train(tmp_path / 'one', 1, runs)
-  looped, looped_runs = _train(tmp_path / 'three', 3, runs)
+  looped, looped_runs = _train(tmp_path / 'three', 3, runs, looped_input_fn)
   assert stepwise.get_variable_value('global_step') == 11
   assert looped.get_variable_value('global_step') == 11
   assert stepwise_runs == 11

@@ -242,31 +242,97 @@ def _create_global_step(graph):
         ])
 
 
-def _parse_input_fn_result(result):
-  """(next_batch, hooks, from_dataset) for a Dataset, a pair or features alone.
+class _Input(collections.namedtuple(
+    '_Input', ['next_batch', 'hooks', 'from_dataset', 'next_batch_per_step'])):
+  """What input_fn gave: `next_batch()` -> (features, labels); its hooks;
+  whether it was a Dataset; and `next_batch_per_step`, whose every call takes
+  a new batch (for an in-graph loop), or None where the input cannot."""
 
-  `next_batch()` returns (features, labels); for a Dataset each call takes the
-  next element (so a training loop can call it once per step).
+
+def _parse_input_fn_result(result):
+  """The `_Input` of a Dataset, a pair or features alone.
+
+  A Dataset's `next_batch` takes the next element at each call.  Tensors
+  straight from one iterator's `get_next()` (as TF's tests write input_fns)
+  are, like a TPU's infeed, a new batch each step of a loop: its
+  `next_batch_per_step` asks the iterator again.
   """
   hooks = []
   from_dataset = isinstance(result, tf.data.Dataset)
+  again = None
   if from_dataset:
     iterator = tf.compat.v1.data.make_initializable_iterator(result)
     hooks.append(DatasetInitializerHook(iterator))
-    next_element = iterator.get_next
+    next_element = again = iterator.get_next
   else:
     next_element = lambda: result
+    again = _get_next_again(result)
 
-  def next_batch():
-    element = next_element()
-    if isinstance(element, (list, tuple)):
-      if len(element) != 2:
-        raise ValueError(
-            'input_fn should return (features, labels) as a len 2 tuple.')
-      return element[0], element[1]
-    return element, None
+  def batch_of(next_element):
+    def next_batch():
+      element = next_element()
+      if isinstance(element, (list, tuple)):
+        if len(element) != 2:
+          raise ValueError(
+              'input_fn should return (features, labels) as a len 2 tuple.')
+        return element[0], element[1]
+      return element, None
+    return next_batch
 
-  return next_batch, hooks, from_dataset
+  return _Input(batch_of(next_element), hooks, from_dataset,
+                batch_of(again) if again else None)
+
+
+_GET_NEXT_OPS = ('IteratorGetNext', 'IteratorGetNextSync')
+
+
+def _get_next_again(result):
+  """For tensors computed from one iterator's `get_next()` by stateless ops
+  (e.g. a SparseTensor's deserialization): a function building another
+  `get_next()` of that iterator and those ops again, in `result`'s structure;
+  else None."""
+  leaves = tf.nest.flatten(result, expand_composites=True)
+  if not all(isinstance(leaf, tf.Tensor) for leaf in leaves):
+    return None
+  get_next_ops, between = set(), {}
+  pending = [leaf.op for leaf in leaves]
+  while pending:
+    op = pending.pop()
+    if op.type in _GET_NEXT_OPS:
+      get_next_ops.add(op)
+    elif op.name not in between:
+      if op.control_inputs or op._is_stateful:  # pylint: disable=protected-access
+        return None
+      between[op.name] = op
+      pending.extend(tensor.op for tensor in op.inputs)
+  if len(get_next_ops) != 1:
+    return None
+  get_next_op, = get_next_ops
+  graph_def = tf.compat.v1.GraphDef()
+  for op in sorted(between.values(), key=lambda op: op._id):  # pylint: disable=protected-access
+    node = graph_def.node.add()
+    node.CopyFrom(op.node_def)
+    if '_class' in node.attr:  # colocated with the dataset: not copied
+      del node.attr['_class']
+
+  def get_next():
+    outputs = tf.raw_ops.IteratorGetNext(
+        iterator=get_next_op.inputs[0],
+        output_types=get_next_op.get_attr('output_types'),
+        output_shapes=get_next_op.get_attr('output_shapes'))
+    again = {'{}:{}'.format(get_next_op.name, i): output
+             for i, output in enumerate(outputs)}
+    if between:
+      names = [leaf.name for leaf in leaves if leaf.op.name in between]
+      used = {tensor.name for op in between.values() for tensor in op.inputs}
+      again.update(zip(names, tf.compat.v1.import_graph_def(
+          graph_def, name='get_next_again', return_elements=names,
+          input_map={name: tensor for name, tensor in again.items()
+                     if name in used})))
+    return tf.nest.pack_sequence_as(
+        result, [again[leaf.name] for leaf in leaves], expand_composites=True)
+
+  return get_next
 
 
 def _check_writable(model_dir):
@@ -680,23 +746,25 @@ class TPUEstimator(object):
     _create_global_step(graph)
     if mode == ModeKeys.TRAIN:
       _tf_private.get_or_create_global_step_read(graph)
-    next_batch, input_hooks, from_dataset = self._call_input_fn(input_fn, mode)
+    inputs = self._call_input_fn(input_fn, mode)
+    input_hooks = list(inputs.hooks)
     if position_hook is not None:
-      if not from_dataset:
+      if not inputs.from_dataset:
         tf.compat.v1.logging.warn(
             'CheckpointInputPipelineHook: input_fn returned tensors, not a '
             'Dataset; there is no input position to save.')
       for hook in input_hooks:
         hook.save_position(self._model_dir, position_hook.external_state_policy)
-    iterations = self._loop_iterations(mode, eval_steps) if from_dataset else 1
+    iterations = (self._loop_iterations(mode, eval_steps)
+                  if inputs.next_batch_per_step else 1)
     with self._cluster_training(mode) as sync:
       if iterations > 1:
         loop = (tpu_emulation.training_loop if mode == ModeKeys.TRAIN else
                 tpu_emulation.evaluation_loop)
         spec = loop(lambda f, l: self._build_model(f, l, mode, self.config),
-                    next_batch, iterations)
+                    inputs.next_batch_per_step, iterations)
       else:
-        spec = self._build_model(*next_batch(), mode, self.config)
+        spec = self._build_model(*inputs.next_batch(), mode, self.config)
     if sync is not None:
       train_op, hook = sync.train_op(
           spec.train_op, tf.compat.v1.train.get_global_step(graph),
@@ -837,7 +905,7 @@ class TPUEstimator(object):
           self._num_shards(), call_from_input_fn))
 
   def _call_input_fn(self, input_fn, mode):
-    """Calls input_fn on the CPU; returns (next_batch, hooks, from_dataset)."""
+    """Calls input_fn on the CPU; returns its `_Input`."""
     args = _tf_private.fn_args(input_fn)
     if 'params' not in args:
       raise ValueError('input_fn ({}) does not include params argument, '
@@ -860,10 +928,10 @@ class TPUEstimator(object):
                        ' value. SLICED mode only works on use_tpu = True.')
     with tf.compat.v1.device('/device:CPU:0'):
       result = input_fn(**kwargs)
-    next_batch, hooks, from_dataset = _parse_input_fn_result(result)
-    if mode == ModeKeys.PREDICT:
-      return (lambda: (next_batch()[0], None)), hooks, from_dataset
-    return next_batch, hooks, from_dataset
+    inputs = _parse_input_fn_result(result)
+    if mode == ModeKeys.PREDICT:  # labels, if any, are not the model's
+      return inputs._replace(next_batch=lambda: (inputs.next_batch()[0], None))
+    return inputs
 
   def _call_model_fn(self, features, labels, mode, config, params):
     """Calls model_fn with the arguments it declares; returns its result."""
