@@ -680,7 +680,8 @@ def test_evaluate_is_inference_and_predict_uses_the_trained_tables(tmp_path):
 
 
 def test_predict_sequence_features_on_the_cpu(tmp_path):
-  """Predict looks up on the CPU: uncapped lengths, ids from the trained table."""
+  """Predict looks up on the CPU, ids from the trained table, the sequence cut
+  at max_sequence_length first, as the TPU enqueues it: lengths capped."""
   fs = Feat('s', S_SP, seq_len=L)
   init = init_table(11)
 
@@ -700,8 +701,9 @@ def test_predict_sequence_features_on_the_cpu(tmp_path):
   assert len(predictions) == B
   np.testing.assert_allclose(np.stack([p['seq'] for p in predictions]),
                              fs.activation(table), **TOL)
-  # CPU SequenceFeatures: lengths are last index + 1, not capped at L.
-  assert [int(p['seq_length']) for p in predictions] == [3, 1, 0, 2]
+  # Last index + 1 (3, 1, 0, 2), capped at L = 2.
+  assert L == 2
+  assert [int(p['seq_length']) for p in predictions] == [2, 1, 0, 2]
 
 
 # 5. Which optimizer trains the tables. ---------------------------------------

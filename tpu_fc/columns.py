@@ -16,23 +16,19 @@ column names, variable names and lookup branches.  What tpu_fc adds:
 """
 import copy
 
-from tensorflow.python.feature_column import feature_column_lib as fc_lib
-from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import variable_scope
-from tensorflow.python.tpu import feature_column as tpu_fc_v1
-from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
-
+from tpu_fc import _tf_internals as internals
+from tpu_fc._tf import tf
 from tpu_fc.lookup import context as lookup_context
 
 CPU = 'cpu'
 TPU_TENSOR_CORE = 'tpu_tensor_core'
 TPU_EMBEDDING_CORE = 'tpu_embedding_core'
 _DEVICE_NAMES = {
-    tpu_fc_v2.EmbeddingDevice.CPU: CPU,
-    tpu_fc_v2.EmbeddingDevice.TPU_TENSOR_CORE: TPU_TENSOR_CORE,
-    tpu_fc_v2.EmbeddingDevice.TPU_EMBEDDING_CORE: TPU_EMBEDDING_CORE,
+    internals.EmbeddingDevice.CPU: CPU,
+    internals.EmbeddingDevice.TPU_TENSOR_CORE: TPU_TENSOR_CORE,
+    internals.EmbeddingDevice.TPU_EMBEDDING_CORE: TPU_EMBEDDING_CORE,
 }
-TENSOR_CORE_MASK_KEY_SUFFIX = tpu_fc_v2._TENSOR_CORE_MASK_KEY_SUFFIX  # pylint: disable=protected-access
+TENSOR_CORE_MASK_KEY_SUFFIX = internals.TENSOR_CORE_MASK_KEY_SUFFIX
 
 
 def embedding_column(categorical_column,
@@ -50,7 +46,7 @@ def embedding_column(categorical_column,
     An `EmbeddingColumn` (or `DeviceSpecificEmbeddingColumn` when
     `embedding_lookup_device` is set).
   """
-  checked = tpu_fc_v2.embedding_column_v2(
+  checked = internals.tpu_embedding_column_v2(
       categorical_column, dimension, combiner=combiner, initializer=initializer,
       max_sequence_length=max_sequence_length, learning_rate_fn=learning_rate_fn,
       embedding_lookup_device=embedding_lookup_device,
@@ -87,7 +83,7 @@ def shared_embedding_columns(categorical_columns,
     A list of `SharedEmbeddingColumn` (or `SharedDeviceSpecificEmbeddingColumn`), in
     the order of `categorical_columns`, all reading one table.
   """
-  checked = tpu_fc_v2.shared_embedding_columns_v2(
+  checked = internals.tpu_shared_embedding_columns_v2(
       categorical_columns, dimension, combiner=combiner, initializer=initializer,
       shared_embedding_collection_name=shared_embedding_collection_name,
       max_sequence_lengths=max_sequence_lengths,
@@ -166,7 +162,7 @@ class _DeviceMixin(_TpuFcColumnMixin):
     return self._tensor_core_shape
 
   def _host_lookup_allowed(self):
-    return (self._embedding_lookup_device == tpu_fc_v2.EmbeddingDevice.CPU and
+    return (self._embedding_lookup_device == internals.EmbeddingDevice.CPU and
             lookup_context.is_inference())
 
 
@@ -186,10 +182,10 @@ def _record_table_name(column, state_manager, validate_scope=False):
   The bare scopes are kept beside the names, in the collection's second entry
   (TF reads the first only), so the shards' replication resets both.
   """
-  graph = tf_ops.get_default_graph()
-  bare_scope = variable_scope.get_variable_scope().name
+  graph = tf.compat.v1.get_default_graph()
+  bare_scope = tf.compat.v1.get_variable_scope().name
   var_name = column.get_embedding_var_name()
-  recorded = graph.get_collection_ref(tpu_fc_v1._TPU_FC_TO_SCOPE)  # pylint: disable=protected-access
+  recorded = graph.get_collection_ref(internals.TPU_FC_TO_SCOPE)
   while len(recorded) < 2:
     recorded.append({})
   names, bare_scopes = recorded
@@ -207,10 +203,10 @@ def _record_table_name(column, state_manager, validate_scope=False):
 
 
 def _in_tpu_mode():
-  return not tpu_fc_v1._is_running_on_cpu()  # pylint: disable=protected-access
+  return not internals.is_running_on_cpu()
 
 
-class EmbeddingColumn(_TpuFcColumnMixin, tpu_fc_v2._TPUEmbeddingColumnV2):  # pylint: disable=protected-access
+class EmbeddingColumn(_TpuFcColumnMixin, internals.TPUEmbeddingColumnV2):
   """`embedding_column` without a lookup device: embedding core to train, CPU to serve."""
 
   def create_state(self, state_manager):
@@ -231,15 +227,15 @@ class EmbeddingColumn(_TpuFcColumnMixin, tpu_fc_v2._TPUEmbeddingColumnV2):  # py
 
 
 class DeviceSpecificEmbeddingColumn(_DeviceMixin,
-                                    tpu_fc_v2._TPUDeviceSpecificEmbeddingColumnV2):  # pylint: disable=protected-access
+                                    internals.TPUDeviceSpecificEmbeddingColumnV2):
   """`embedding_column` pinned to one lookup device."""
 
   def __new__(cls, embedding_lookup_device, tensor_core_shape=None, **arguments):
     del embedding_lookup_device, tensor_core_shape  # kept per instance, in __init__
-    return tpu_fc_v2._TPUEmbeddingColumnV2.__new__(cls, **arguments)  # pylint: disable=protected-access
+    return internals.TPUEmbeddingColumnV2.__new__(cls, **arguments)
 
   def __init__(self, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    tpu_fc_v2._TPUEmbeddingColumnV2.__init__(self, **arguments)  # pylint: disable=protected-access
+    internals.TPUEmbeddingColumnV2.__init__(self, **arguments)
     self._embedding_lookup_device = _device_enum(embedding_lookup_device)
     self._tensor_core_shape = tensor_core_shape
 
@@ -250,21 +246,21 @@ class DeviceSpecificEmbeddingColumn(_DeviceMixin,
 
   def get_dense_tensor(self, transformation_cache, state_manager):
     if self._host_lookup_allowed():
-      return fc_lib.EmbeddingColumn.get_dense_tensor(
+      return internals.fc_lib.EmbeddingColumn.get_dense_tensor(
           self, transformation_cache, state_manager)
     return super().get_dense_tensor(transformation_cache, state_manager)
 
   def _get_dense_tensor(self, inputs, weight_collections=None, trainable=None):
     if self._host_lookup_allowed():
-      return fc_lib.EmbeddingColumn._get_dense_tensor(  # pylint: disable=protected-access
+      return internals.embedding_column_dense_tensor_v1(
           self, inputs, weight_collections, trainable)
     return super()._get_dense_tensor(inputs, weight_collections, trainable)
 
   def create_state(self, state_manager):
     if self._host_lookup_allowed():
-      return fc_lib.EmbeddingColumn.create_state(self, state_manager)
+      return internals.fc_lib.EmbeddingColumn.create_state(self, state_manager)
     if (_in_tpu_mode() and self._embedding_lookup_device ==
-        tpu_fc_v2.EmbeddingDevice.TPU_EMBEDDING_CORE):
+        internals.EmbeddingDevice.TPU_EMBEDDING_CORE):
       return _record_table_name(
           self, state_manager,
           validate_scope=not self._bypass_scope_validation)
@@ -272,7 +268,7 @@ class DeviceSpecificEmbeddingColumn(_DeviceMixin,
 
 
 class SharedEmbeddingColumn(_TpuFcColumnMixin,
-                            tpu_fc_v2._TPUSharedEmbeddingColumnV2):  # pylint: disable=protected-access
+                            internals.TPUSharedEmbeddingColumnV2):
   """One of `shared_embedding_columns` without a lookup device."""
 
   def _new_args(self):
@@ -290,15 +286,15 @@ class SharedEmbeddingColumn(_TpuFcColumnMixin,
 
 
 class SharedDeviceSpecificEmbeddingColumn(
-    _DeviceMixin, tpu_fc_v2._TPUSharedDeviceSpecificEmbeddingColumnV2):  # pylint: disable=protected-access
+    _DeviceMixin, internals.TPUSharedDeviceSpecificEmbeddingColumnV2):
   """One of `shared_embedding_columns` pinned to one lookup device."""
 
   def __new__(cls, embedding_lookup_device, tensor_core_shape=None, **arguments):
     del embedding_lookup_device, tensor_core_shape  # kept per instance, in __init__
-    return tpu_fc_v2._TPUSharedEmbeddingColumnV2.__new__(cls, **arguments)  # pylint: disable=protected-access
+    return internals.TPUSharedEmbeddingColumnV2.__new__(cls, **arguments)
 
   def __init__(self, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    tpu_fc_v2._TPUSharedEmbeddingColumnV2.__init__(self, **arguments)  # pylint: disable=protected-access
+    internals.TPUSharedEmbeddingColumnV2.__init__(self, **arguments)
     self._embedding_lookup_device = _device_enum(embedding_lookup_device)
     self._tensor_core_shape = tensor_core_shape
 
@@ -312,14 +308,14 @@ class SharedDeviceSpecificEmbeddingColumn(
 
   def _get_dense_tensor_internal(self, transformation_cache, state_manager):
     if self._host_lookup_allowed():
-      return fc_lib.SharedEmbeddingColumn._get_dense_tensor_internal(  # pylint: disable=protected-access
+      return internals.shared_embedding_column_dense_tensor(
           self, transformation_cache, state_manager)
     return super()._get_dense_tensor_internal(transformation_cache,
                                               state_manager)
 
 
-TPU_COLUMN_TYPES = (tpu_fc_v2._TPUEmbeddingColumnV2,  # pylint: disable=protected-access
-                    tpu_fc_v2._TPUSharedEmbeddingColumnV2)  # pylint: disable=protected-access
+TPU_COLUMN_TYPES = (internals.TPUEmbeddingColumnV2,
+                    internals.TPUSharedEmbeddingColumnV2)
 
 
 def lookup_device(column):

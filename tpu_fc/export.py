@@ -7,18 +7,16 @@ export output classes are TF core's own (`tensorflow.python.saved_model.model_ut
 """
 import collections
 
-from tensorflow.python.saved_model.model_utils import export_output
-from tensorflow.python.saved_model.model_utils import export_utils
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 
-ClassificationOutput = export_output.ClassificationOutput
-ExportOutput = export_output.ExportOutput
-PredictOutput = export_output.PredictOutput
-RegressionOutput = export_output.RegressionOutput
+ClassificationOutput = internals.ClassificationOutput
+ExportOutput = internals.ExportOutput
+PredictOutput = internals.PredictOutput
+RegressionOutput = internals.RegressionOutput
 
-_SINGLE_FEATURE = export_utils.SINGLE_FEATURE_DEFAULT_NAME
-_SINGLE_RECEIVER = export_utils.SINGLE_RECEIVER_DEFAULT_NAME
+_SINGLE_FEATURE = internals.SINGLE_FEATURE_DEFAULT_NAME
+_SINGLE_RECEIVER = internals.SINGLE_RECEIVER_DEFAULT_NAME
 
 
 def _check_tensor(tensor, name, error_label):

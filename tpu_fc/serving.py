@@ -13,9 +13,7 @@ followed by the migrated dense model.
 import os
 import tempfile
 
-from tensorflow.python.saved_model.model_utils import export_utils
-from tensorflow.python.training.saving import saveable_object_util
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
@@ -39,8 +37,8 @@ def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn
     as_text: write the SavedModel proto as text.
     random_seed: the graph seed (RunConfig.tf_random_seed).
   """
-  export_dir = export_utils.get_timestamped_export_dir(export_dir_base)
-  temp_dir = export_utils.get_temp_export_dir(export_dir)
+  export_dir = internals.get_timestamped_export_dir(export_dir_base)
+  temp_dir = internals.get_temp_export_dir(export_dir)
   try:
     _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
                        checkpoint_path, as_text, random_seed)
@@ -63,17 +61,17 @@ def _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
     tf.compat.v1.train.get_or_create_global_step()
     receiver = serving_input_receiver_fn()
     spec = build_predict(receiver.features)
-    export_outputs = export_utils.export_outputs_for_mode(
+    export_outputs = internals.export_outputs_for_mode(
         ModeKeys.PREDICT, serving_export_outputs=spec.export_outputs,
         predictions=spec.predictions)
-    signatures = export_utils.build_all_signature_defs(
+    signatures = internals.build_all_signature_defs(
         receiver.receiver_tensors, export_outputs,
         getattr(receiver, 'receiver_tensors_alternatives', None),
         serving_only=True)
     saver = spec.scaffold.saver
     if saver is None:
       checkpoints.check_restorable(
-          checkpoint_path, saveable_object_util.op_list_to_dict(
+          checkpoint_path, internals.op_list_to_dict(
               tf.compat.v1.global_variables()))
       saver = tf.compat.v1.train.Saver(sharded=True)
     local_init = (spec.scaffold.local_init_op or

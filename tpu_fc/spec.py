@@ -11,12 +11,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tensorflow.python.feature_column import feature_column as core_fc
-from tensorflow.python.feature_column import feature_column_lib as core_fc_lib
-from tensorflow.python.tpu import feature_column as tpu_fc_v1
-from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
-from tensorflow.python.tpu import tpu_embedding_v2_utils
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
 from tpu_fc import optimizers
 from tpu_fc._tf import tf
@@ -24,12 +19,7 @@ from tpu_fc._tf import tf
 TABLE_NAME_PREFIX = 'tbl_'
 
 # The classes TF 2.15's spec accepts, in its order (they appear in its error text).
-_SUPPORTED_FEATURE_COLUMNS = (
-    (core_fc._NumericColumn, core_fc_lib.NumericColumn) +  # pylint: disable=protected-access
-    (tpu_fc_v1._TPUEmbeddingColumn, tpu_fc_v1._TPUSharedEmbeddingColumn,  # pylint: disable=protected-access
-     tpu_fc_v2._TPUEmbeddingColumnV2, tpu_fc_v2._TPUSharedEmbeddingColumnV2) +  # pylint: disable=protected-access
-    (core_fc._EmbeddingColumn, core_fc_lib.EmbeddingColumn,  # pylint: disable=protected-access
-     core_fc._SharedEmbeddingColumn))  # pylint: disable=protected-access
+_SUPPORTED_FEATURE_COLUMNS = internals.EMBEDDING_AND_NUMERIC_COLUMN_TYPES
 
 
 class TableConfig(collections.namedtuple('TableConfig', [
@@ -326,7 +316,7 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
 
 def _as_supported_optimizer(optimization_parameters):
   """tpu_fc parameters for TF 2.15's or mid-level optimizers; others unchanged."""
-  if isinstance(optimization_parameters, tpu_embedding_v2_utils._Optimizer):  # pylint: disable=protected-access
+  if isinstance(optimization_parameters, internals.MidLevelOptimizer):
     return optimizers.from_mid_level(optimization_parameters)
   return optimizers.as_tpu_fc_parameters(optimization_parameters)
 

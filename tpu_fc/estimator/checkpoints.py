@@ -19,10 +19,7 @@ import fcntl
 import os
 import socket
 
-from tensorflow.python.data.experimental.ops import iterator_ops
-from tensorflow.python.ops import variables as variables_lib
-from tensorflow.python.training.saving import saveable_object_util
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 from tpu_fc.lookup.embedding_core import FEATURE_COLUMN_SCOPE_COLLECTION
 
@@ -125,7 +122,7 @@ def _variables_saved_as(var_list, names):
   found = []
   for name in names:
     value = var_list[name]
-    if isinstance(value, variables_lib.PartitionedVariable):
+    if isinstance(value, internals.PartitionedVariable):
       found.extend(value)
     else:
       found.extend([value] if hasattr(value, 'initializer') else by_name[name])
@@ -296,7 +293,7 @@ def add_saver(graph, checkpoint_path, config):
   if recorded:
     names = recorded[-1]
   else:
-    names = saveable_object_util.op_list_to_dict(
+    names = internals.op_list_to_dict(
         tf.compat.v1.global_variables() +
         tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
   graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
@@ -358,7 +355,7 @@ class InputPipelinePosition:
 
   def __init__(self, iterator, model_dir, external_state_policy=None):
     self._model_dir = model_dir
-    self._saveable = iterator_ops.make_saveable_from_iterator(
+    self._saveable = internals.make_saveable_from_iterator(
         iterator, external_state_policy)
     tf.compat.v1.get_default_graph().add_to_collection(
         _INPUT_PIPELINE_COLLECTION, self._saveable)

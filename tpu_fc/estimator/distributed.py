@@ -20,9 +20,7 @@ import contextlib
 import threading
 import time
 
-from tensorflow.python.ops import variable_scope
-from tensorflow.python.training import optimizer as optimizer_lib
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 from tpu_fc.lookup import context as lookup_context
 from tpu_fc.lookup import embedding_core
@@ -174,7 +172,7 @@ def partitioned_tables(embedding_config_spec, num_parts):
     if initializer is None:
       return next_creator(**kwargs)
     with graph.name_scope(None):
-      return variable_scope._get_default_variable_store().get_variable(  # pylint: disable=protected-access
+      return internals.default_variable_store().get_variable(
           name, shape=kwargs['shape'], dtype=kwargs.get('dtype'),
           initializer=initializer, trainable=kwargs.get('trainable', True),
           partitioner=partitioner, use_resource=True)
@@ -291,7 +289,7 @@ class SyncReplicas:
   @contextlib.contextmanager
   def building(self):
     """Routes the model's and the engine's updates here while the model is built."""
-    original = optimizer_lib.Optimizer.apply_gradients
+    original = internals.Optimizer.apply_gradients
 
     def apply_gradients(optimizer, grads_and_vars, global_step=None,
                         name=None):
@@ -299,12 +297,12 @@ class SyncReplicas:
                                    global_step, name)
 
     self._create_local_step()  # before any model variable: shards replay those
-    optimizer_lib.Optimizer.apply_gradients = apply_gradients
+    internals.Optimizer.apply_gradients = apply_gradients
     try:
       with lookup_context.aggregating(self.aggregate_rows):
         yield
     finally:
-      optimizer_lib.Optimizer.apply_gradients = original
+      internals.Optimizer.apply_gradients = original
 
   def train_op(self, train_op, global_step, is_chief):
     """The task's train op, and the hook that runs the chief's side; call after building."""

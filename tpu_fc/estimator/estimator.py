@@ -19,7 +19,7 @@ import tempfile
 
 from tpu_fc import serving
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import loops
@@ -79,12 +79,12 @@ def _warm_start_settings(warm_start_from):
     return None
   if isinstance(warm_start_from, (str, bytes)):
     index = os.path.join(
-        _tf_private.saved_model_variables_dir(warm_start_from),
+        internals.saved_model_variables_dir(warm_start_from),
         'variables.index')
     if tf.io.gfile.exists(index):
       tf.compat.v1.logging.info('Warm-starting from a SavedModel')
       return WarmStartSettings(
-          _tf_private.saved_model_variables_path(warm_start_from))
+          internals.saved_model_variables_path(warm_start_from))
     return WarmStartSettings(warm_start_from)
   if hasattr(warm_start_from, 'ckpt_to_initialize_from'):
     return WarmStartSettings(*(getattr(warm_start_from, field, None)
@@ -179,7 +179,7 @@ def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
 
 
 def _verify_model_fn_args(model_fn, params):
-  args = set(_tf_private.fn_args(model_fn))
+  args = set(internals.fn_args(model_fn))
   if 'features' not in args:
     raise ValueError('model_fn (%s) must include features argument.' % model_fn)
   if params is not None and 'params' not in args:
@@ -301,7 +301,7 @@ def _get_next_again(result):
     if op.type in _GET_NEXT_OPS:
       get_next_ops.add(op)
     elif op.name not in between:
-      if op.control_inputs or op._is_stateful:  # pylint: disable=protected-access
+      if op.control_inputs or internals.is_stateful(op):
         return None
       between[op.name] = op
       pending.extend(tensor.op for tensor in op.inputs)
@@ -309,7 +309,7 @@ def _get_next_again(result):
     return None
   get_next_op, = get_next_ops
   graph_def = tf.compat.v1.GraphDef()
-  for op in sorted(between.values(), key=lambda op: op._id):  # pylint: disable=protected-access
+  for op in sorted(between.values(), key=internals.creation_order):
     node = graph_def.node.add()
     node.CopyFrom(op.node_def)
     if '_class' in node.attr:  # colocated with the dataset: not copied
@@ -486,6 +486,8 @@ class TPUEstimator(object):
     Returns the timestamped export directory (bytes).  `export_to_tpu` adds a
     TPU meta graph only on a TPU system; without one it is skipped (logged).
     """
+    if not checkpoint_path:
+      self._checkpoint_to_export()  # TF's order: no checkpoint is told first
     if not (self._export_to_cpu or self._export_to_tpu):
       raise ValueError('One of export_to_cpu and export_to_tpu must be true.')
     if self._export_to_tpu:
@@ -661,7 +663,7 @@ class TPUEstimator(object):
         every_n_secs=self._log_every_n_secs,
         output_dir=(self._model_dir if self._config.save_summary_steps and
                     self._config.is_chief else None))
-    hook._set_steps_per_run(steps_per_run)  # pylint: disable=protected-access
+    internals.set_steps_per_run(hook, steps_per_run)
     return (hook,)
 
   def evaluate(self,
@@ -685,7 +687,7 @@ class TPUEstimator(object):
     if steps is not None:
       if steps <= 0:
         raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-      hooks.append(_tf_private.StopAfterNEvalsHook(num_evals=steps))
+      hooks.append(internals.StopAfterNEvalsHook(num_evals=steps))
 
     def evaluate_checkpoint(checkpoint):
       if not checkpoint:
@@ -745,7 +747,7 @@ class TPUEstimator(object):
     tf.compat.v1.random.set_random_seed(self._config.tf_random_seed)
     _create_global_step(graph)
     if mode == ModeKeys.TRAIN:
-      _tf_private.get_or_create_global_step_read(graph)
+      internals.get_or_create_global_step_read(graph)
     inputs = self._call_input_fn(input_fn, mode)
     input_hooks = list(inputs.hooks)
     if position_hook is not None:
@@ -906,7 +908,7 @@ class TPUEstimator(object):
 
   def _call_input_fn(self, input_fn, mode):
     """Calls input_fn on the CPU; returns its `_Input`."""
-    args = _tf_private.fn_args(input_fn)
+    args = internals.fn_args(input_fn)
     if 'params' not in args:
       raise ValueError('input_fn ({}) does not include params argument, '
                        'required by TPUEstimator to pass batch size as '
@@ -935,7 +937,7 @@ class TPUEstimator(object):
 
   def _call_model_fn(self, features, labels, mode, config, params):
     """Calls model_fn with the arguments it declares; returns its result."""
-    args = _tf_private.fn_args(self._model_fn)
+    args = internals.fn_args(self._model_fn)
     kwargs = {}
     if 'labels' in args:
       kwargs['labels'] = labels

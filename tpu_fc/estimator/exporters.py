@@ -12,7 +12,7 @@ import abc
 import os
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 
 _LOSS = 'loss'
 _COMPARE_FN_ARGS = frozenset(['best_eval_result', 'current_eval_result'])
@@ -147,7 +147,7 @@ def _loss_smaller(best_eval_result, current_eval_result):
 
 
 def _verify_compare_fn_args(compare_fn):
-  args = set(_tf_private.fn_args(compare_fn))
+  args = set(internals.fn_args(compare_fn))
   if 'best_eval_result' not in args:
     raise ValueError('compare_fn (%s) must include best_eval_result argument.' %
                      compare_fn)

@@ -1,6 +1,6 @@
 """Session hooks the driver adds, as TPUEstimator added them on CPU."""
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 
 
@@ -94,7 +94,7 @@ class HostCallHook(tf.compat.v1.train.SessionRunHook):
     self._flush_ops = None
 
   def begin(self):
-    self._init_ops = _tf_private.summary_writer_initializer_ops()
+    self._init_ops = internals.summary_writer_initializer_ops()
     with tf.device('cpu:0'):
       self._flush_ops = [
           tf.raw_ops.FlushSummaryWriter(writer=op.inputs[0])

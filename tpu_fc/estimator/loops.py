@@ -10,7 +10,7 @@ import numpy as np
 from google.protobuf import message
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import input_errors
 from tpu_fc.estimator import tpu_emulation
@@ -64,7 +64,7 @@ def train(spec, hooks, saving_listeners, config):
           'Please set one of the RunConfig.save_checkpoints_steps or '
           'RunConfig.save_checkpoints_secs.')
     # Estimator attaches listeners to the first saver hook, even a caller's.
-    listeners = saver_hooks[0]._listeners  # pylint: disable=protected-access
+    listeners = internals.saver_listeners(saver_hooks[0])
     listeners.extend(l for l in saving_listeners if l not in listeners)
 
   chief_only_hooks = tuple(chief_hooks) + tuple(spec.training_chief_hooks)
@@ -155,14 +155,14 @@ def evaluate(spec, hooks, checkpoint_path, config, output_dir):
   scaffold = spec.scaffold
   if scaffold.local_init_op:
     # A custom local_init_op must also initialize the eval step counter.
-    _tf_private.get_or_create_eval_step()
+    internals.get_or_create_eval_step()
     default_local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
     scaffold = tf.compat.v1.train.Scaffold(
         local_init_op=tf.group(scaffold.local_init_op, default_local_init_op),
         copy_from_scaffold=scaffold)
 
   with input_errors.explained():
-    results = _tf_private.evaluate_once(
+    results = internals.evaluate_once(
         checkpoint_path=checkpoint_path,
         master=config.evaluation_master,
         scaffold=scaffold,

@@ -21,10 +21,7 @@ Limitation: a model_fn that reads `cross_replica_sum` results in its forward pas
 """
 import contextlib
 
-from tensorflow.python.ops import variable_scope
-from tensorflow.python.tpu import tpu_function
-from tensorflow.python.tpu.ops import tpu_ops
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 from tpu_fc.lookup import embedding_core
 
@@ -68,9 +65,8 @@ class _SharedVariables:
     caches it: forgotten here, so every shard asks for it in the same order.
     """
     self._replay = 0
-    graph_key = tf.compat.v1.get_default_graph()._graph_key  # pylint: disable=protected-access
     for creator in shared_table_creators:
-      creator._embedding_weights.pop(graph_key, None)  # pylint: disable=protected-access
+      internals.forget_shared_table(creator, tf.compat.v1.get_default_graph())
 
 
 class _CrossShardSums:
@@ -135,7 +131,7 @@ def _variable_store(variables, replay, shared_table_creators):
     yield
     return
   variables.start_replay(shared_table_creators)
-  with variable_scope.with_variable_store(variable_scope._VariableStore()):  # pylint: disable=protected-access
+  with internals.with_variable_store(internals.new_variable_store()):
     yield
 
 
@@ -148,7 +144,7 @@ def _creator_scope_on_every_graph(graph, creator):
   """
   with contextlib.ExitStack() as stack:
     while graph is not None:
-      stack.enter_context(graph._variable_creator_scope(creator))  # pylint: disable=protected-access
+      stack.enter_context(internals.variable_creator_scope_of(graph, creator))
       graph = getattr(graph, 'outer_graph', None)
     yield
 
@@ -166,7 +162,7 @@ def one_replica():
   builds a `CrossReplicaSum` op, which has no CPU kernel: the step fails.  Here
   it is the identity, so a model_fn written for TPUs trains with use_tpu=False.
   """
-  with _replaced(tpu_ops, 'cross_replica_sum', _sum_over_one_replica), \
+  with _replaced(internals.tpu_ops_module, 'cross_replica_sum', _sum_over_one_replica), \
       _replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica):
     yield
 
@@ -184,8 +180,8 @@ def replicate(build_shard, num_shards, shared_table_creators=()):
   variables = _SharedVariables()
   sums = _CrossShardSums(num_shards)
   results = {}
-  with tpu_function.tpu_shard_context(num_shards), \
-      _replaced(tpu_ops, 'cross_replica_sum', sums), \
+  with internals.tpu_shard_context(num_shards), \
+      _replaced(internals.tpu_ops_module, 'cross_replica_sum', sums), \
       _replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
       _creator_scope_on_every_graph(graph, variables.creator):
     for position, shard in enumerate(reversed(range(num_shards))):

@@ -7,7 +7,7 @@ takes tensorflow_estimator's own spec namedtuples, so model_fns written against
 import collections
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import hooks as hooks_lib
 
 
@@ -95,7 +95,7 @@ def _validate_predictions(predictions, mode):
 
 def _validate_export_outputs(export_outputs, predictions, mode):
   if mode == ModeKeys.PREDICT:
-    return _tf_private.get_export_outputs(export_outputs, predictions)
+    return internals.get_export_outputs(export_outputs, predictions)
   return export_outputs
 
 
@@ -228,8 +228,8 @@ def _validate_host_calls(host_calls):
     if not isinstance(tensors, (tuple, list, dict)):
       raise ValueError('{}[1] should be tuple or list, or dict.'.format(name))
     if isinstance(tensors, (tuple, list)):
-      has_varargs = _tf_private.getfullargspec(fn).varargs is not None
-      fn_args = _tf_private.fn_args(fn)
+      has_varargs = internals.getfullargspec(fn).varargs is not None
+      fn_args = internals.fn_args(fn)
       if not has_varargs and len(tensors) != len(fn_args):
         raise RuntimeError(
             'In TPUEstimatorSpec.{}, length of tensors {} does not match '

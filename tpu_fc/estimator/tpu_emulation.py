@@ -11,7 +11,7 @@ import contextlib
 import weakref
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator import _tf_private
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import replication
@@ -476,7 +476,7 @@ def evaluation_loop(build_step, next_batch, iterations):
   inside the loop keeps the updates of the steps before.
   """
   graph = tf.compat.v1.get_default_graph()
-  eval_step = _tf_private.get_or_create_eval_step()
+  eval_step = internals.get_or_create_eval_step()
   specs, losses = [], []
 
   def body(step):

@@ -31,9 +31,8 @@ import collections
 import re
 
 import numpy as np
-from tensorflow.core.framework import attr_value_pb2
-from tensorflow.python.ops import variables as variables_lib
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc import optimizers
 from tpu_fc._tf import tf
 
@@ -42,7 +41,7 @@ _F32 = np.float32
 
 def table_parts(table_variable):
   """The row-wise parts of a partitioned table (div layout), else [the table]."""
-  if isinstance(table_variable, variables_lib.PartitionedVariable):
+  if isinstance(table_variable, internals.PartitionedVariable):
     return list(table_variable)
   return [table_variable]
 
@@ -54,9 +53,7 @@ def bind_variable_handle(handle, variable):
   emulated step are built before the model_fn names the table, so their
   handle gets the table variable's name once it exists.
   """
-  handle.op._set_attr(  # pylint: disable=protected-access
-      'shared_name', attr_value_pb2.AttrValue(
-          s=variable.handle.op.get_attr('shared_name')))
+  internals.set_shared_name(handle, variable.handle.op.get_attr('shared_name'))
 
 
 # The op names of part N of a partitioned variable and its ops.
@@ -104,7 +101,7 @@ def create_slot_variables(parameters, table_variable, name_prefix,
       parameters).slot_initial_values()
   parts = table_parts(table_variable)
   partitioner = None
-  if isinstance(table_variable, variables_lib.PartitionedVariable):
+  if isinstance(table_variable, internals.PartitionedVariable):
     device = _on_devices_of(parts)
     partitioner = tf.compat.v1.fixed_size_partitioner(len(parts))
   else:

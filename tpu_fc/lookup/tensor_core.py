@@ -8,8 +8,7 @@ scattered into zeros (pad id 0), with a 0/1 mask of the real entries (weights ar
 ignored).  The column itself then gathers from its ordinary, model-trained variable
 and combines with `sum` or `mean` (TF's `sparse_embedding_aggregate_slice`).
 """
-from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
-
+from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
 from tpu_fc._tf import tf
 from tpu_fc.lookup import embedding_core
@@ -46,7 +45,7 @@ def densify(features, feature_columns, batch_size=None):
         embedding_core.check_batch_size(key, ids.dense_shape[0], batch_size)]
     with tf.control_dependencies(checks):
       padded = [tf.identity(t) for t in
-                tpu_fc_v2.pad_sparse_embedding_lookup_indices(ids, width)]
+                internals.pad_sparse_embedding_lookup_indices(ids, width)]
     for tensor in padded:
       tensor.set_shape([batch_size, width])
     result[key], result[mask_key] = padded

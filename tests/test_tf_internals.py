@@ -1,0 +1,113 @@
+"""TF's internals, used in one place: `tpu_fc/_tf_internals.py`, on this lane's TF.
+
+A TF upgrade that moves or renames one of them fails here, naming it, rather
+than somewhere in a training run.
+"""
+import ast
+import os
+
+import pytest
+
+import tpu_fc
+from tpu_fc import _tf_internals as internals
+from tpu_fc._tf import tf
+
+PACKAGE = os.path.dirname(tpu_fc.__file__)
+
+
+def _tf_imports(path):
+  """The `tensorflow.<internal>` modules a source file imports."""
+  with open(path) as f:
+    tree = ast.parse(f.read())
+  names = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      names.append(node.module)
+    elif isinstance(node, ast.Import):
+      names.extend(alias.name for alias in node.names)
+  return [name for name in names if name.startswith('tensorflow.')]
+
+
+def test_only_the_internals_module_imports_tensorflow_internals():
+  importers = {}
+  for folder, _, files in os.walk(PACKAGE):
+    for name in files:
+      path = os.path.join(folder, name)
+      if name.endswith('.py') and _tf_imports(path):
+        importers[os.path.relpath(path, PACKAGE)] = _tf_imports(path)
+  assert list(importers) == ['_tf_internals.py'], importers
+
+
+PUBLIC = sorted(name for name in vars(internals)
+                if not name.startswith('_') and name != 'tf')
+
+
+@pytest.mark.parametrize('name', PUBLIC)
+def test_every_internal_name_resolves(name):
+  assert getattr(internals, name) is not None
+
+
+# Private methods tpu_fc's subclasses override or call on TF's classes.
+OVERRIDDEN = [
+    (tf.compat.v1.train.StepCounterHook, '_log_and_record'),
+    (tf.compat.v1.train.StepCounterHook, '_set_steps_per_run'),
+    (internals.TPUEmbeddingColumnV2, '_get_dense_tensor'),
+    (internals.TPUSharedEmbeddingColumnV2, '_get_dense_tensor_internal'),
+]
+
+
+@pytest.mark.parametrize('cls, method', OVERRIDDEN,
+                         ids=['{}.{}'.format(c.__name__, m) for c, m in OVERRIDDEN])
+def test_overridden_private_methods_exist(cls, method):
+  assert callable(getattr(cls, method))
+
+
+def test_graph_and_op_helpers_on_real_objects():
+  graph = tf.Graph()
+  with graph.as_default():
+    table = tf.compat.v1.get_variable('table', [2, 2], use_resource=True)
+    bare = tf.raw_ops.VarHandleOp(dtype=tf.float32, shape=[2, 2],
+                                  shared_name='not_yet')
+    internals.set_shared_name(bare, table.handle.op.get_attr('shared_name'))
+    assert bare.op.get_attr('shared_name') == table.handle.op.get_attr(
+        'shared_name')
+    first, second = tf.constant(1), tf.random.uniform([])
+    assert internals.creation_order(first.op) < internals.creation_order(
+        second.op)
+    assert not internals.is_stateful(first.op)
+    assert internals.is_stateful(second.op)
+    created = []
+    with internals.variable_creator_scope_of(
+        graph, lambda next_creator, **kwargs: created.append(
+            kwargs['name']) or next_creator(**kwargs)):
+      tf.Variable(1.0, name='seen')
+    assert created == ['seen']
+    assert internals.graph_key(graph) == internals.graph_key(graph)
+    with internals.with_variable_store(internals.new_variable_store()):
+      tf.compat.v1.get_variable('table', [2, 2])  # a fresh store: no clash
+    assert internals.default_variable_store() is not None
+
+
+def test_shared_columns_forget_their_table():
+  columns = tpu_fc.shared_embedding_columns(
+      [tf.feature_column.categorical_column_with_identity(key, 3)
+       for key in ('a', 'b')], 2)
+  creator = columns[0].shared_embedding_column_creator
+  graph = tf.Graph()
+  with graph.as_default():
+    features = {key: tf.sparse.from_dense(tf.constant([[1]], tf.int64))
+                for key in ('a', 'b')}
+    tf.keras.layers.DenseFeatures(columns)(features)
+    assert creator._embedding_weights  # pylint: disable=protected-access
+    internals.forget_shared_table(creator, graph)
+    assert internals.graph_key(graph) not in creator._embedding_weights  # pylint: disable=protected-access
+
+
+def test_hook_helpers_on_real_hooks(tmp_path):
+  listener = tf.compat.v1.train.CheckpointSaverListener()
+  saver_hook = tf.compat.v1.train.CheckpointSaverHook(
+      str(tmp_path), save_steps=1, listeners=[listener])
+  assert internals.saver_listeners(saver_hook) == [listener]
+  counter = tf.compat.v1.train.StepCounterHook(every_n_steps=1)
+  internals.set_steps_per_run(counter, 5)
+  assert counter._steps_per_run == 5  # pylint: disable=protected-access

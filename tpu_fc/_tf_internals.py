@@ -1,0 +1,167 @@
+"""Every TensorFlow internal tpu_fc uses: `tensorflow.python` modules and private names.
+
+TF exports no public twin of these.  Each exists, functionally unchanged, in TF
+2.15 and 2.21; using the very functions Estimator and TPUEstimator used keeps
+logs, graph structure (hence seeded initial values), checkpoint names and
+evaluation bookkeeping identical.  They are imported, and their private names
+read, only here, so a TF upgrade that moves one fails in this one named place
+(`tests/test_tf_internals.py` checks each on both lanes); the rest of tpu_fc
+uses the names below.
+"""
+from tpu_fc._tf import tf  # noqa: F401  (TF must be imported via tpu_fc._tf)
+
+# pylint: disable=g-direct-tensorflow-import,protected-access,unused-import
+from tensorflow.core.framework import attr_value_pb2
+from tensorflow.python.data.experimental.ops import iterator_ops
+from tensorflow.python.feature_column import feature_column as core_fc_v1
+from tensorflow.python.feature_column import feature_column_lib as fc_lib
+from tensorflow.python.ops import summary_ops_v2
+from tensorflow.python.ops import variable_scope
+from tensorflow.python.ops import variables as variables_lib
+from tensorflow.python.saved_model import path_helpers
+from tensorflow.python.saved_model.model_utils import export_output
+from tensorflow.python.saved_model.model_utils import export_utils
+from tensorflow.python.tpu import feature_column as tpu_fc_v1
+from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
+from tensorflow.python.tpu import tpu_embedding_v2_utils
+from tensorflow.python.tpu import tpu_function
+from tensorflow.python.tpu.ops import tpu_ops
+from tensorflow.python.training import evaluation
+from tensorflow.python.training import optimizer as optimizer_lib
+from tensorflow.python.training import training_util
+from tensorflow.python.training.saving import saveable_object_util
+from tensorflow.python.util import function_utils
+from tensorflow.python.util import tf_inspect
+
+# Estimator ----------------------------------------------------------------------
+
+# Argument names of a function, partial or callable object (self excluded).
+fn_args = function_utils.fn_args
+# Full argspec that also sees through TF decorators (host_call arity check).
+getfullargspec = tf_inspect.getfullargspec
+# The `global_step + 0` read hooks fetch; Estimator creates it right after the
+# global step, before input_fn, so op ids (and seeded initializers) match.
+get_or_create_global_step_read = training_util._get_or_create_global_step_read
+# Estimator's evaluation loop, its steps hook and its eval-step counter.
+evaluate_once = evaluation._evaluate_once
+StopAfterNEvalsHook = evaluation._StopAfterNEvalsHook
+get_or_create_eval_step = evaluation._get_or_create_eval_step
+# Init ops of every `tf.summary.create_file_writer` writer in the graph.
+summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
+# The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
+Optimizer = optimizer_lib.Optimizer
+
+
+def set_steps_per_run(step_counter_hook, steps_per_run):
+  """A `StepCounterHook` counting `steps_per_run` steps per session.run."""
+  step_counter_hook._set_steps_per_run(steps_per_run)
+
+
+def saver_listeners(saver_hook):
+  """The `CheckpointSaverListener`s of a `CheckpointSaverHook`."""
+  return saver_hook._listeners
+
+
+# Export ----------------------------------------------------------------------------
+
+# PREDICT-mode validation of `export_outputs`, adding the default signature.
+get_export_outputs = export_utils.get_export_outputs
+export_outputs_for_mode = export_utils.export_outputs_for_mode
+build_all_signature_defs = export_utils.build_all_signature_defs
+get_timestamped_export_dir = export_utils.get_timestamped_export_dir
+get_temp_export_dir = export_utils.get_temp_export_dir
+SINGLE_FEATURE_DEFAULT_NAME = export_utils.SINGLE_FEATURE_DEFAULT_NAME
+SINGLE_RECEIVER_DEFAULT_NAME = export_utils.SINGLE_RECEIVER_DEFAULT_NAME
+ExportOutput = export_output.ExportOutput
+ClassificationOutput = export_output.ClassificationOutput
+RegressionOutput = export_output.RegressionOutput
+PredictOutput = export_output.PredictOutput
+# `<saved_model>/variables/variables`: what warm starting from a SavedModel
+# reads.
+saved_model_variables_path = path_helpers.get_variables_path
+saved_model_variables_dir = path_helpers.get_variables_dir
+
+# Checkpoints and variables ----------------------------------------------------------
+
+op_list_to_dict = saveable_object_util.op_list_to_dict
+make_saveable_from_iterator = iterator_ops.make_saveable_from_iterator
+PartitionedVariable = variables_lib.PartitionedVariable
+with_variable_store = variable_scope.with_variable_store
+
+
+def new_variable_store():
+  """A fresh store for `tf.compat.v1.get_variable` (one per emulated shard)."""
+  return variable_scope._VariableStore()
+
+
+def default_variable_store():
+  return variable_scope._get_default_variable_store()
+
+
+def variable_creator_scope_of(graph, creator):
+  """`creator` on `graph`'s own creator stack (not only the default graph's)."""
+  return graph._variable_creator_scope(creator)
+
+
+def graph_key(graph):
+  """The key TF keeps per-graph state under (e.g. shared columns' tables)."""
+  return graph._graph_key
+
+
+def set_shared_name(handle, shared_name):
+  """Makes the resource `handle` (a bare VarHandleOp's output) name
+  `shared_name`, i.e. another variable's resource."""
+  handle.op._set_attr('shared_name', attr_value_pb2.AttrValue(s=shared_name))
+
+
+def is_stateful(op):
+  return op._is_stateful
+
+
+def creation_order(op):
+  """A key sorting ops in the order the graph created them."""
+  return op._id
+
+
+# Feature columns ---------------------------------------------------------------------
+
+EmbeddingDevice = tpu_fc_v2.EmbeddingDevice
+TPUEmbeddingColumnV2 = tpu_fc_v2._TPUEmbeddingColumnV2
+TPUSharedEmbeddingColumnV2 = tpu_fc_v2._TPUSharedEmbeddingColumnV2
+TPUDeviceSpecificEmbeddingColumnV2 = (
+    tpu_fc_v2._TPUDeviceSpecificEmbeddingColumnV2)
+TPUSharedDeviceSpecificEmbeddingColumnV2 = (
+    tpu_fc_v2._TPUSharedDeviceSpecificEmbeddingColumnV2)
+tpu_embedding_column_v2 = tpu_fc_v2.embedding_column_v2
+tpu_shared_embedding_columns_v2 = tpu_fc_v2.shared_embedding_columns_v2
+pad_sparse_embedding_lookup_indices = (
+    tpu_fc_v2.pad_sparse_embedding_lookup_indices)
+TENSOR_CORE_MASK_KEY_SUFFIX = tpu_fc_v2._TENSOR_CORE_MASK_KEY_SUFFIX
+# The graph collection where TF's TPU columns record their variable scopes.
+TPU_FC_TO_SCOPE = tpu_fc_v1._TPU_FC_TO_SCOPE
+is_running_on_cpu = tpu_fc_v1._is_running_on_cpu
+# The CPU lookups the TPU columns' own CPU paths call.
+embedding_column_dense_tensor_v1 = fc_lib.EmbeddingColumn._get_dense_tensor
+shared_embedding_column_dense_tensor = (
+    fc_lib.SharedEmbeddingColumn._get_dense_tensor_internal)
+# Every column type that `EmbeddingConfigSpec` takes as a feature column.
+EMBEDDING_AND_NUMERIC_COLUMN_TYPES = (
+    (core_fc_v1._NumericColumn, fc_lib.NumericColumn) +
+    (tpu_fc_v1._TPUEmbeddingColumn, tpu_fc_v1._TPUSharedEmbeddingColumn,
+     tpu_fc_v2._TPUEmbeddingColumnV2, tpu_fc_v2._TPUSharedEmbeddingColumnV2) +
+    (core_fc_v1._EmbeddingColumn, fc_lib.EmbeddingColumn,
+     core_fc_v1._SharedEmbeddingColumn))
+
+# TPU -----------------------------------------------------------------------------------
+
+tpu_shard_context = tpu_function.tpu_shard_context
+# The module whose `cross_replica_sum` emulated shards replace.
+tpu_ops_module = tpu_ops
+# The mid-level API's optimizer base class.
+MidLevelOptimizer = tpu_embedding_v2_utils._Optimizer
+
+
+def forget_shared_table(creator, graph):
+  """Drops a `SharedEmbeddingColumnCreator`'s cached table of `graph`, so the
+  next column to ask for it creates it again."""
+  creator._embedding_weights.pop(graph._graph_key, None)
