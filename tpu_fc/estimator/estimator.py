@@ -510,6 +510,12 @@ class TPUEstimator(object):
             build_predict, export_dir_base, serving_input_receiver_fn,
             checkpoint, assets_extra, as_text, self._config.tf_random_seed))
 
+  def _log_if_untrained(self, checkpoint, mode):
+    if not checkpoint:
+      tf.compat.v1.logging.info(
+          'Could not find trained model in model_dir: {}, running '
+          'initialization to {}.'.format(self._model_dir, mode))
+
   def _reading_checkpoint(self, checkpoint_path, choose, read):
     """`read(checkpoint_path)`, or, without one, `read(choose())`, chosen again
     when the chosen checkpoint was deleted before it was read (pruned by a
@@ -690,10 +696,7 @@ class TPUEstimator(object):
       hooks.append(internals.StopAfterNEvalsHook(num_evals=steps))
 
     def evaluate_checkpoint(checkpoint):
-      if not checkpoint:
-        tf.compat.v1.logging.info(
-            'Could not find trained model in model_dir: {}, running '
-            'initialization to evaluate.'.format(self._model_dir))
+      self._log_if_untrained(checkpoint, 'evaluate')
       with tf.Graph().as_default():
         spec, input_hooks = self._build_graph(input_fn, ModeKeys.EVAL,
                                               checkpoint, eval_steps=steps)
@@ -715,10 +718,7 @@ class TPUEstimator(object):
 
     def start_predicting(checkpoint):
       """The predictions' generator, its session started (restored) now."""
-      if not checkpoint:
-        tf.compat.v1.logging.info(
-            'Could not find trained model in model_dir: {}, running '
-            'initialization to predict.'.format(self._model_dir))
+      self._log_if_untrained(checkpoint, 'predict')
       with tf.Graph().as_default():
         spec, input_hooks = self._build_graph(input_fn, ModeKeys.PREDICT,
                                               checkpoint)
