@@ -15,7 +15,7 @@ import pytest
 from helpers import outcome
 import tpu_fc  # before tensorflow: sets TF_USE_LEGACY_KERAS on the latest lane
 from tpu_fc.columns import lookup_device
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_fc  # pylint: disable=g-bad-import-order
 
@@ -803,7 +803,7 @@ def test_cpu_device_raises_in_plain_graph_like_tf(layer):
 def test_cpu_device_raises_when_building_train(layer):
   build = _cpu_builders(tpu_fc.embedding_column,
                         tpu_fc.shared_embedding_columns, 'cpu')[layer]()
-  with lookup_context.building('train'):
+  with build_context.building('train'):
     assert outcome(_run_graph, build) == (ValueError, CPU_TRAINING_ERROR)
 
 
@@ -814,7 +814,7 @@ def test_cpu_device_looks_up_when_building_inference(mode, layer):
   expected = _run_graph(_cpu_builders(TF_EMBEDDING, TF_SHARED, None)[layer]())
   build = _cpu_builders(tpu_fc.embedding_column,
                         tpu_fc.shared_embedding_columns, 'cpu')[layer]()
-  with lookup_context.building(mode):
+  with build_context.building(mode):
     result = _run_graph(build)
   _assert_same_graph_result(expected, result)
   # Outside the context the training error is back.
@@ -827,7 +827,7 @@ def test_cpu_device_looks_up_when_building_inference(mode, layer):
 def test_non_cpu_devices_unchanged_when_building_inference(mode):
   expected = _run_graph(_dense_features(_graph_columns(TF_EMBEDDING, TF_SHARED,
                                                        'tpu_embedding_core')))
-  with lookup_context.building(mode):
+  with build_context.building(mode):
     result = _run_graph(_dense_features(_graph_columns(
         tpu_fc.embedding_column, tpu_fc.shared_embedding_columns,
         'tpu_embedding_core')))

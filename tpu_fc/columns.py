@@ -11,14 +11,14 @@ column names, variable names and lookup branches.  What tpu_fc adds:
   class, where the last column built wins) and read through `embedding_lookup_device`
   and `tensor_core_shape`;
 * a column on `embedding_lookup_device='cpu'` looks up on the host when tpu_fc builds
-  an evaluation, prediction or export graph (`tpu_fc.lookup.context`); in training it
+  an evaluation, prediction or export graph (`tpu_fc.build_context`); in training it
   raises TF's error, as TF 2.15 does.
 """
 import copy
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 
 CPU = 'cpu'
 TPU_TENSOR_CORE = 'tpu_tensor_core'
@@ -163,7 +163,7 @@ class _DeviceMixin(_TpuFcColumnMixin):
 
   def _host_lookup_allowed(self):
     return (self._embedding_lookup_device == internals.EmbeddingDevice.CPU and
-            lookup_context.is_inference())
+            build_context.is_inference())
 
 
 def _device_enum(device):

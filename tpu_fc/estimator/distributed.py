@@ -22,7 +22,7 @@ import time
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import sparse_update
 
@@ -264,7 +264,7 @@ class SyncReplicas:
     return accumulate, average
 
   def aggregate_rows(self, variable, gradient, apply):
-    """The engine's hook (`lookup_context.aggregating`): a table part's update."""
+    """The engine's hook (`build_context.aggregating`): a table part's update."""
     accumulate, average = self._aggregated(gradient, variable)
     with _chief_side():
       self._updates[('engine', variable.op.name)] = (accumulate, apply(average))
@@ -299,7 +299,7 @@ class SyncReplicas:
     self._create_local_step()  # before any model variable: shards replay those
     internals.Optimizer.apply_gradients = apply_gradients
     try:
-      with lookup_context.aggregating(self.aggregate_rows):
+      with build_context.aggregating(self.aggregate_rows):
         yield
     finally:
       internals.Optimizer.apply_gradients = original

@@ -17,13 +17,13 @@ import math
 import os
 import tempfile
 
-from tpu_fc import serving
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import loops
 from tpu_fc.estimator import replication
+from tpu_fc.estimator import saved_model
 from tpu_fc.estimator import tpu_context
 from tpu_fc.estimator import tpu_emulation
 from tpu_fc.estimator.config import check_positive_integer
@@ -38,7 +38,7 @@ from tpu_fc.estimator.hooks import DatasetInitializerHook
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
 from tpu_fc.estimator.spec import to_estimator_spec
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import tpu_embedding
 
@@ -500,13 +500,13 @@ class TPUEstimator(object):
       params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
       if self._use_tpu:
         features = self._cut_sequences(features)
-      with lookup_context.building(ModeKeys.PREDICT):
+      with build_context.building(ModeKeys.PREDICT):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))
 
     return self._reading_checkpoint(
         checkpoint_path, self._checkpoint_to_export,
-        lambda checkpoint: serving.export_saved_model(
+        lambda checkpoint: saved_model.export_saved_model(
             build_predict, export_dir_base, serving_input_receiver_fn,
             checkpoint, assets_extra, as_text, self._config.tf_random_seed))
 
@@ -818,13 +818,13 @@ class TPUEstimator(object):
     """
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
-      with lookup_context.building(mode), replication.one_replica():
+      with build_context.building(mode), replication.one_replica():
         return to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
             self._params_for(mode, use_tpu=False)))
     if mode == ModeKeys.PREDICT:
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
-      with lookup_context.building(mode):
+      with build_context.building(mode):
         return to_estimator_spec(self._call_model_fn(
             self._cut_sequences(features), labels, mode, config,
             self._params_for(mode, use_tpu=True)))

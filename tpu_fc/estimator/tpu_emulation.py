@@ -16,7 +16,7 @@ from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import replication
 from tpu_fc.estimator import spec as spec_lib
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import profile
 from tpu_fc.lookup import sparse_update
@@ -250,7 +250,7 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     shard_features = slice_of(model_features, shard, 'features')
     if activations[shard]:
       shard_features.update(activations[shard])
-    with lookup_context.building(mode):
+    with build_context.building(mode):
       return call_model_fn(shard_features, slice_of(labels, shard))
 
   tensor_core_columns = (embedding_config_spec.tensor_core_feature_columns

@@ -1,1 +1,1 @@
-"""Lookup backends, one module per `embedding_lookup_device`, and the lookup context."""
+"""Lookup backends, one module per `embedding_lookup_device`."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
-from tpu_fc.lookup import context as lookup_context
+from tpu_fc import build_context
 from tpu_fc.lookup import sparse_update
 
 SEQUENCE_LENGTH_SUFFIX = '_seq_length_'
@@ -702,7 +702,7 @@ class HostEmbeddingEngine:
 
     def update(part, index, gradient):
       slots = {name: slot[index] for name, slot in slot_parts.items()}
-      return lookup_context.apply_rows(
+      return build_context.apply_rows(
           part, gradient, lambda g: sparse_update.apply_in_core_order(
               parameters, part, slots, g.indices, g.values, learning_rate,
               self._num_shards))

@@ -1,0 +1,71 @@
+"""The package layout the README describes: no import cycle between tpu_fc's parts.
+
+A part is a top-level module (`tpu_fc/columns.py`) or subpackage
+(`tpu_fc/lookup/`); configs (columns, spec, optimizers) know no backend.
+"""
+import ast
+import collections
+import os
+
+import tpu_fc
+
+PACKAGE = os.path.dirname(tpu_fc.__file__)
+
+
+def _part(module):
+  """'tpu_fc.lookup.embedding_core' -> 'tpu_fc.lookup'."""
+  return '.'.join(module.split('.')[:2])
+
+
+def _imported(node):
+  """The tpu_fc modules an import statement names."""
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names if alias.name.startswith('tpu_fc')]
+  if isinstance(node, ast.ImportFrom) and (node.module or '').startswith('tpu_fc'):
+    modules = []
+    for alias in node.names:
+      full = node.module + '.' + alias.name
+      path = os.path.join(PACKAGE, *full.split('.')[1:])
+      modules.append(full if os.path.exists(path + '.py') or os.path.isdir(path)
+                     else node.module)
+    return modules
+  return []
+
+
+def _part_imports():
+  """{part: the other parts it imports} (the package itself left out)."""
+  imports = collections.defaultdict(set)
+  for folder, _, files in os.walk(PACKAGE):
+    for name in files:
+      if not name.endswith('.py'):
+        continue
+      relative = os.path.relpath(os.path.join(folder, name), PACKAGE)
+      module = 'tpu_fc.' + relative[:-3].replace(os.sep, '.')
+      with open(os.path.join(folder, name)) as f:
+        tree = ast.parse(f.read())
+      for node in ast.walk(tree):
+        for imported in _imported(node):
+          if _part(imported) not in (_part(module), 'tpu_fc'):
+            imports[_part(module)].add(_part(imported))
+  return imports
+
+
+def test_no_part_imports_itself_back():
+  imports = _part_imports()
+
+  def reachable(part):
+    seen, pending = set(), list(imports[part])
+    while pending:
+      other = pending.pop()
+      if other not in seen:
+        seen.add(other)
+        pending.extend(imports[other])
+    return seen
+
+  assert not [part for part in list(imports) if part in reachable(part)]
+
+
+def test_configs_know_no_backend():
+  imports = _part_imports()
+  for config in ('tpu_fc.columns', 'tpu_fc.spec', 'tpu_fc.optimizers'):
+    assert not imports[config] & {'tpu_fc.lookup', 'tpu_fc.estimator'}, config
