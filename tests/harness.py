@@ -1,0 +1,159 @@
+"""The shared test harness: one model with known gradients, per lookup path,
+input kind and optimizer, and the reference oracle of its first step.
+
+The model: `loss = sum(activation * COEF)` over the batch, an embedding column
+with the mean combiner on IDS, so d(loss)/d(activation) = COEF for every
+example and each id of example e gets COEF / |IDS[e]| (scaled by 1/num_shards
+on the emulated TPU: `CrossShardOptimizer` averages over the shards, as on a
+TPU).  `expected_step` derives the tables from `tpu_fc.reference` with the
+float32 error bound of `helpers.ReferenceSteps`.
+"""
+import numpy as np
+
+import helpers
+import tpu_fc
+from tpu_fc import reference
+from tpu_fc._tf import tf
+
+PATHS = ('cpu', 'embedding_core', 'tensor_core')
+INPUT_KINDS = ('sparse', 'ragged', 'dense', 'iterator_tensors')
+VOCAB, DIM, NUM_SHARDS, LR = 6, 2, 2, 0.2
+IDS = [[1], [2, 4], [3], [4, 5]]  # no id 0: dense ids drop it on the TPU
+COEF = np.array([1.0, -2.0], np.float32)
+START = (np.arange(VOCAB * DIM, dtype=np.float32).reshape(VOCAB, DIM) - 4) / 8
+TABLE = 'dense_features/ids_embedding/embedding_weights'
+
+# The spec's optimizers (embedding core); the table of the other paths is a
+# model variable, trained by the model's optimizer (`MODEL_OPTIMIZERS`).
+EMBEDDING_OPTIMIZERS = {
+    'sgd': tpu_fc.StochasticGradientDescentParameters(LR),
+    'adagrad': tpu_fc.AdagradParameters(LR, initial_accumulator=0.1),
+    'adam': tpu_fc.AdamParameters(LR, beta1=0.8, beta2=0.9, epsilon=0.1),
+    'adam_non_lazy': tpu_fc.AdamParameters(LR, lazy_adam=False),
+    'ftrl': tpu_fc.FtrlParameters(LR, l1_regularization_strength=0.01,
+                                  l2_regularization_strength=0.02),
+    'proximal_adagrad': tpu_fc.ProximalAdagradParameters(
+        LR, l1_regularization_strength=0.01, l2_regularization_strength=0.1),
+    'momentum': tpu_fc.MomentumParameters(LR, momentum=0.9),
+    'rms_prop': tpu_fc.RMSPropParameters(LR, rho=0.9, momentum=0.5,
+                                         epsilon=0.1),
+}
+# TF1 optimizer -> the reference rule its sparse update is.
+MODEL_OPTIMIZERS = {
+    'sgd': (lambda: tf.compat.v1.train.GradientDescentOptimizer(LR),
+            EMBEDDING_OPTIMIZERS['sgd']),
+    'adagrad': (lambda: tf.compat.v1.train.AdagradOptimizer(
+        LR, initial_accumulator_value=0.1), EMBEDDING_OPTIMIZERS['adagrad']),
+}
+
+
+def column(path):
+  device = {'tensor_core': dict(embedding_lookup_device='tpu_tensor_core',
+                                tensor_core_shape=[None, 2])}.get(path, {})
+  return tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_identity('ids', VOCAB), DIM,
+      combiner='mean', initializer=tf.compat.v1.constant_initializer(START),
+      **device)
+
+
+def ids_feature(kind):
+  """IDS as `kind` ('dense': padded with -1, the padding every path drops)."""
+  ragged = tf.ragged.constant(IDS, tf.int64)
+  if kind == 'ragged':
+    return ragged
+  if kind == 'dense':
+    return ragged.to_tensor(default_value=-1)
+  return ragged.to_sparse()
+
+
+def input_fn_of(kind):
+  """input_fn giving IDS as `kind`, every step (iterator_tensors: sparse ids
+  as the tensors of an iterator's `get_next()`)."""
+
+  def input_fn(params):
+    del params
+    features = {'ids': ids_feature(
+        'sparse' if kind == 'iterator_tensors' else kind)}
+    dataset = tf.data.Dataset.from_tensors((features, tf.zeros([len(IDS), 1])))
+    dataset = dataset.repeat()
+    if kind == 'iterator_tensors':
+      return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    return dataset
+
+  return input_fn
+
+
+def model_fn_of(model_optimizer, driver=tpu_fc):
+  def model_fn(features, labels, mode, params):
+    del labels
+    net = tf.compat.v1.keras.layers.DenseFeatures([params['column']])(features)
+    loss = tf.reduce_sum(net * COEF)
+    optimizer = model_optimizer()
+    if params['use_tpu']:
+      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+    return driver.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, tf.compat.v1.train.get_global_step()))
+  return model_fn
+
+
+def tf_estimator(model_dir, optimizer_name):
+  """TF 2.15's own TPUEstimator(use_tpu=False), with TF's own column (legacy
+  lane): what the cpu path must equal."""
+  tpu = tf.compat.v1.estimator.tpu
+  col = tf.compat.v1.tpu.experimental.embedding_column(
+      tf.feature_column.categorical_column_with_identity('ids', VOCAB), DIM,
+      combiner='mean', initializer=tf.compat.v1.constant_initializer(START))
+  return tpu.TPUEstimator(
+      model_fn=model_fn_of(MODEL_OPTIMIZERS[optimizer_name][0], tpu),
+      use_tpu=False, train_batch_size=len(IDS), params={'column': col},
+      config=tpu.RunConfig(model_dir=str(model_dir), tpu_config=tpu.TPUConfig(
+          num_shards=NUM_SHARDS, iterations_per_loop=2)))
+
+
+def estimator(model_dir, path, optimizer_name):
+  """The estimator of `path`, its table trained by `optimizer_name`'s rule."""
+  col = column(path)
+  model_optimizer = MODEL_OPTIMIZERS.get(
+      optimizer_name, MODEL_OPTIMIZERS['sgd'])[0]
+  spec = None
+  if path != 'cpu':
+    spec = tpu_fc.EmbeddingConfigSpec(
+        feature_columns=[col], optimization_parameters=EMBEDDING_OPTIMIZERS[
+            optimizer_name if path == 'embedding_core' else 'sgd'])
+  return tpu_fc.TPUEstimator(
+      model_fn=model_fn_of(model_optimizer), use_tpu=path != 'cpu',
+      train_batch_size=len(IDS), params={'column': col},
+      config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=(
+          tpu_fc.TPUConfig(num_shards=NUM_SHARDS, iterations_per_loop=2))),
+      embedding_config_spec=spec)
+
+
+def occurrences(num_shards):
+  """(ids, cores, d(loss)/d(row)) of every looked-up id."""
+  per_core = len(IDS) // num_shards
+  ids, cores, grads = [], [], []
+  for example, row_ids in enumerate(IDS):
+    for row in row_ids:
+      ids.append(row)
+      cores.append(example // per_core)
+      grads.append(COEF / len(row_ids) / num_shards)
+  return np.array(ids), np.array(cores), np.array(grads, np.float32)
+
+
+def expected_step(path, optimizer_name, steps=1):
+  """`helpers.ReferenceSteps` after `steps` steps of `path`."""
+  if path == 'embedding_core':
+    params = EMBEDDING_OPTIMIZERS[optimizer_name]
+  else:
+    params = MODEL_OPTIMIZERS[optimizer_name][1]
+  num_shards = 1 if path == 'cpu' else NUM_SHARDS
+  ids, cores, grads = occurrences(num_shards)
+  want = helpers.ReferenceSteps(params, START,
+                                reference.init_slots(params, (VOCAB, DIM)),
+                                gradient_roundings=2)
+  for _ in range(steps):
+    if path == 'embedding_core':  # the TPU applies each core's sum in turn
+      want.step(ids, grads, LR, cores=cores, num_cores=num_shards)
+    else:  # a model variable: the shards' gradients averaged, one update
+      want.step(ids, grads, LR)
+  return want

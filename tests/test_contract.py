@@ -1,0 +1,62 @@
+"""The contract every lookup path keeps, on this lane: lookup path x input kind x
+optimizer, two training steps (one in-graph loop on the emulated TPU) against
+the reference oracle (`harness`).
+
+cpu: `use_tpu=False`, the table a model variable trained by the model's
+optimizer; embedding_core: the emulated TPU, the table the engine's, trained by
+the spec's optimizer with the per-core rule; tensor_core: the emulated TPU, the
+table a model variable.  The model's optimizers on the tables of cpu and
+tensor_core are those whose sparse update is a reference rule (SGD, Adagrad).
+On the legacy lane the cpu path must also equal TF 2.15's own
+TPUEstimator(use_tpu=False), bit for bit.
+"""
+import numpy as np
+import pytest
+
+import harness
+from tpu_fc._tf import TF_VERSION
+
+CASES = [(path, kind, name)
+         for path in harness.PATHS for kind in harness.INPUT_KINDS
+         for name in (sorted(harness.EMBEDDING_OPTIMIZERS)
+                      if path == 'embedding_core' else
+                      sorted(harness.MODEL_OPTIMIZERS))]
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+
+
+@pytest.mark.parametrize('path, kind, optimizer', CASES,
+                         ids=['-'.join(case) for case in CASES])
+def test_two_steps_match_the_reference(tmp_path, path, kind, optimizer):
+  if path == 'cpu' and kind == 'ragged':
+    pytest.skip("TF's feature columns take no RaggedTensor (use_tpu=False is "
+                "TF 2.15's graph); tests/test_bad_input.py has its error")
+  estimator = harness.estimator(tmp_path, path, optimizer)
+  estimator.train(harness.input_fn_of(kind), steps=2)
+  want = harness.expected_step(path, optimizer, steps=2)
+  params = want.params
+  want.assert_matches(
+      estimator.get_variable_value(harness.TABLE),
+      {slot: estimator.get_variable_value(
+          '{}/{}'.format(harness.TABLE, suffix))
+       for suffix, slot in params.SLOTS},
+      err_msg='-'.join((path, kind, optimizer)))
+  if path == 'cpu' and TF_VERSION == (2, 15):
+    tf_estimator = harness.tf_estimator(tmp_path / 'tf', optimizer)
+    tf_estimator.train(harness.input_fn_of(kind), steps=2)
+    np.testing.assert_array_equal(
+        estimator.get_variable_value(harness.TABLE),
+        tf_estimator.get_variable_value(harness.TABLE))
+
+
+@pytest.mark.parametrize('path', harness.PATHS)
+def test_the_bound_rejects_a_gradient_0_1_percent_off(tmp_path, monkeypatch,
+                                                      path):
+  """The float32 bound of the comparison is tight enough to fail a rule that
+  is 0.1% off (here: every gradient)."""
+  estimator = harness.estimator(tmp_path, path, 'adagrad')
+  estimator.train(harness.input_fn_of('sparse'), steps=2)
+  monkeypatch.setattr(harness, 'COEF', harness.COEF * 1.001)
+  with pytest.raises(AssertionError, match='beyond the float32 error bound'):
+    harness.expected_step(path, 'adagrad', steps=2).assert_matches(
+        estimator.get_variable_value(harness.TABLE))
