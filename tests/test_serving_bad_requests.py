@@ -120,9 +120,11 @@ def test_parsing_signature_bad_request_then_good(parsing, bad):
 def test_a_str_that_is_not_unicode_text_is_refused_before_the_model(parsing):
   """Bytes are served whatever they hold; a Python str with lone surrogates
   (e.g. bytes decoded with 'surrogateescape') cannot become a string tensor:
-  TF's Python binding raises TypeError before the model runs."""
-  with pytest.raises(TypeError, match='Error converting unicode string'):
-    parsing(examples=['\udcff'])
+  TF's Python binding refuses it before the model runs."""
+  with pytest.raises(ValueError, match='Error converting unicode string'):
+    parsing(examples=tf.constant(['\udcff']))
+  _serves_good_after(parsing, examples=tf.constant(
+      [example(*row) for row in GOOD]))
   _serves_good_after(parsing, examples=tf.constant(
       [example(*row) for row in GOOD]))
 
