@@ -12,7 +12,8 @@ records what came out in RESULT_JSON (or the ValueError it raised).  The style:
 `disable_v2_behavior()`, `model_fn(features, mode, params)` with the labels
 among the features, Keras `Input(tensor=...)`, a `combiner=None` column, a
 tensor-core column, multivalent sequence ids, a two-class softmax built with
-`tf.zeros(logits.shape)`, `recall_at_k` in metric_fn and a `ProfilerHook`.
+`tf.zeros(logits.shape)`, `recall_at_k` in metric_fn, a `host_call` writing
+summaries and a `ProfilerHook`.
 """
 import argparse
 import json
@@ -119,8 +120,19 @@ def model_fn(features, mode, params):
   train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
   profiler = tf.compat.v1.train.ProfilerHook(
       save_steps=3, output_dir=params['profile_dir'])
-  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(mode, loss=loss, train_op=train_op,
-                                 training_hooks=[profiler])
+
+  def host_call_fn(global_step, loss):
+    with tf.compat.v2.summary.create_file_writer(
+        params['summary_dir']).as_default():
+      with tf.compat.v2.summary.record_if(True):
+        tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
+        return tf.compat.v1.summary.all_v2_summary_ops()
+
+  global_step = tf.compat.v1.train.get_global_step()
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode, loss=loss, train_op=train_op, training_hooks=[profiler],
+      host_call=(host_call_fn, [tf.reshape(global_step, [1]),
+                                tf.reshape(loss, [1])]))
 
 
 def serving_input_fn():
@@ -153,7 +165,8 @@ def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch):
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
       eval_batch_size=BATCH, predict_batch_size=BATCH,
       export_to_tpu=False,  # served on CPUs
-      params={'profile_dir': profile_dir},
+      params={'profile_dir': profile_dir,
+              'summary_dir': os.path.join(model_dir, 'host_call')},
       config=tf.compat.v1.estimator.tpu.RunConfig(
           model_dir=model_dir, tf_random_seed=11,
           tpu_config=tf.compat.v1.estimator.tpu.TPUConfig(
@@ -178,8 +191,18 @@ def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch):
       'predictions': np.array(predictions, np.float64).tolist(),
       'served': _served(export_dir),
       'training_runs': counter.runs,
+      'summaries': _summaries(os.path.join(model_dir, 'host_call')),
       'profiles': len(os.listdir(profile_dir)),
   }
+
+
+def _summaries(directory):
+  """[tag, step] of every summary value the host_call wrote."""
+  found = []
+  for path in sorted(tf.io.gfile.glob(os.path.join(directory, 'events*'))):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      found.extend([value.tag, event.step] for value in event.summary.value)
+  return sorted(found)
 
 
 def _served(export_dir):

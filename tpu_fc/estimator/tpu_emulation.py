@@ -107,6 +107,12 @@ class _LoopBody:
     with tf.compat.v1.variable_creator_scope(self._create_outside):
       yield
 
+  def in_outer_name_scope(self):
+    """The name scope the loop was entered in: a TF1 loop prefixes its body's
+    op names, and so the tags of summaries written in it."""
+    return tf.compat.v1.get_default_graph().name_scope(
+        self._outer_scope + '/' if self._outer_scope else '')
+
   def _create_outside(self, next_creator, **kwargs):
     scope = tf.compat.v1.get_default_graph().get_name_scope()
     if self._body_scope and (scope + '/').startswith(self._body_scope + '/'):
@@ -165,8 +171,11 @@ def _merged_spec(raw_specs, mode):
   metric_fn = host_call[0]
   if mode == spec_lib.ModeKeys.EVAL and loop_body is not None:
     metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
-  return tpu_specs[0]._replace(
-      **{field: (metric_fn, tensors)}).as_estimator_spec()
+  tpu_spec = tpu_specs[0]._replace(**{field: (metric_fn, tensors)})
+  if loop_body is None:
+    return tpu_spec.as_estimator_spec()
+  with loop_body.in_outer_name_scope():  # host_call's summary tags, as on a TPU
+    return tpu_spec.as_estimator_spec()
 
 
 def _outermost(graph):
