@@ -306,6 +306,54 @@ def test_model_fn_sees_static_shapes(tmp_path, num_shards):
                       sequence=[batch, 5, 3], lengths=[batch])
 
 
+def test_predict_pads_a_short_last_batch_as_a_tpu_does(tmp_path):
+  """TPUEstimator's TPU predict pads every batch to predict_batch_size (static
+  shapes, so `tf.zeros(logits.shape)` works on the last, short batch too) and
+  drops the padded rows' predictions: 10 examples in batches of 4."""
+  user = tpu_fc.embedding_column(fc.categorical_column_with_identity('u', 10), 2)
+  ids = np.arange(10, dtype=np.int64) % 7
+  x = np.linspace(-1, 1, 10).astype(np.float32)
+  seen = []
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    net = tf.compat.v1.keras.layers.DenseFeatures([user])(features)
+    logits = tf.compat.v1.layers.dense(
+        tf.concat([net, features['x']], 1), 1,
+        kernel_initializer=tf.compat.v1.constant_initializer(0.5))
+    two_class = tf.concat([tf.zeros(logits.shape), logits], axis=1)
+    seen.append(features['x'].shape.as_list())
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return tpu_fc.TPUEstimatorSpec(mode, predictions={
+          'p': tf.nn.softmax(two_class)[:, 1]})
+    return _trained(mode, tf.reduce_mean(logits))
+
+  def input_fn(params):
+    dataset = tf.data.Dataset.from_tensor_slices(
+        ({'u': ids[:, None], 'x': x[:, None]}, x[:, None]))
+    return dataset.batch(params['batch_size']).map(
+        lambda f, l: (dict(f, u=tf.sparse.from_dense(f['u'] + 1)), l))
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4, predict_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[user],
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  estimator.train(lambda params: input_fn(params).unbatch().repeat().batch(
+      4, drop_remainder=True), steps=2)
+  predicted = [p['p'] for p in estimator.predict(input_fn)]
+  assert seen[-1] == [4, 1]  # the predict graph's features: padded, static
+  table = estimator.get_variable_value(
+      'dense_features/u_embedding/embedding_weights')
+  kernel, bias = (estimator.get_variable_value('dense/' + name)
+                  for name in ('kernel', 'bias'))
+  logits = np.concatenate([table[ids + 1], x[:, None]], 1) @ kernel + bias
+  np.testing.assert_allclose(predicted, 1 / (1 + np.exp(-logits[:, 0])),
+                             rtol=1e-5)
+
+
 @pytest.mark.parametrize('static', [True, False])
 def test_embedding_ids_of_another_batch_than_configured_fail(tmp_path, static):
   """The configured batch fixes the activations' shape (a TPU's embedding

@@ -825,9 +825,10 @@ class TPUEstimator(object):
     if mode == ModeKeys.PREDICT:
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
       with build_context.building(mode):
-        return to_estimator_spec(self._call_model_fn(
-            self._cut_sequences(features), labels, mode, config,
-            self._params_for(mode, use_tpu=True)))
+        return tpu_emulation.predict_padded(
+            lambda f: to_estimator_spec(self._call_model_fn(
+                f, labels, mode, config, self._params_for(mode, use_tpu=True))),
+            self._cut_sequences(features), self._batch_sizes[mode])
     num_shards = self._num_shards()
     broadcast = (self._config.tpu_config.per_host_input_for_training ==
                  InputPipelineConfig.BROADCAST)

@@ -50,6 +50,46 @@ def _model_features(features, embedding_config_spec, batch_size):
   return tensor_core.densify(result, tensor_core_columns, batch_size)
 
 
+def predict_padded(call_model_fn, features, batch_size):
+  """The PREDICT spec as TPUEstimator builds it on a TPU: every feature padded
+  with zeros to `batch_size` examples (a static batch, the last, short batch
+  too), the predictions sliced back to the real examples.
+
+  Args:
+    call_model_fn: `features -> EstimatorSpec`.
+    features: one batch of input_fn (a SparseTensor gets the batch in its dense
+      shape, no entries).
+    batch_size: the predict batch size, or None: no padding.
+  """
+  leaves = [leaf for leaf in tf.nest.flatten(features)
+            if isinstance(leaf, (tf.Tensor, tf.SparseTensor))
+            and leaf.shape.rank]
+  if batch_size is None or not leaves:
+    return call_model_fn(features)
+  first = leaves[0]
+  real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
+                 else tf.shape(first)[0], tf.int32)
+  check = tf.debugging.assert_less_equal(
+      real, batch_size,
+      message='The real batch size should not be greater than batch_size.')
+  with tf.control_dependencies([check]):
+    missing = batch_size - real
+
+  def padded(value):
+    if isinstance(value, tf.SparseTensor):
+      return tf.sparse.reset_shape(value, tf.concat(
+          [[batch_size], value.dense_shape[1:]], axis=0))
+    if not isinstance(value, tf.Tensor) or not value.shape.rank:
+      return value
+    result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
+    result.set_shape([batch_size] + value.shape[1:])
+    return result
+
+  spec = call_model_fn(tf.nest.map_structure(padded, features))
+  return spec._replace(predictions=tf.nest.map_structure(
+      lambda prediction: prediction[:real], spec.predictions))
+
+
 def _check_static_shapes(value, name):
   """TF 2.15's check: a TPU's infeed carries only statically shaped tensors.
 
