@@ -47,6 +47,9 @@ def parse_args(argv):
                       '(default 3, quick 1.5)')
   parser.add_argument('--threads', type=int, default=2,
                       help='intra- and inter-op threads of every path')
+  parser.add_argument('--num-shards', type=int, default=1,
+                      help='emulated TPU cores of the tpu_fc TPU paths (the '
+                      'batch is split over them; default 1)')
   return parser.parse_args(argv)
 
 

@@ -164,7 +164,11 @@ def _run_estimator(job, workload, controller, legacy, use_tpu, device, mlp):
       save_checkpoints_secs=None, save_summary_steps=0,
       log_step_count_steps=None, checkpoint_save_graph_def=False,
       session_config=session_config(job['threads']),
-      tpu_config=api.tpu_config_cls(iterations_per_loop=iterations))
+      tpu_config=api.tpu_config_cls(
+          iterations_per_loop=iterations,
+          # (1 is None: TPUConfig refuses num_shards=1 with embedding tables)
+          num_shards=job.get('num_shards', 1) if use_tpu and not legacy and
+          job.get('num_shards', 1) > 1 else None))
   spec = api.config_spec_cls(
       feature_columns=_columns(api, workload, device),
       optimization_parameters=api.adagrad_cls(job['learning_rate']))

@@ -59,6 +59,7 @@ class Settings:
   max_warmup_seconds: float
   max_rep_seconds: float
   threads: int
+  num_shards: int
   learning_rate: float
   experiments: list          # [(Workload, paths)]
   serving: bool
@@ -77,7 +78,8 @@ class Settings:
                max_warmup_seconds=self.max_warmup_seconds,
                max_rep_seconds=self.max_rep_seconds,
                iterations_per_loop=self.iterations_per_loop,
-               threads=self.threads, learning_rate=self.learning_rate)
+               threads=self.threads, num_shards=self.num_shards,
+               learning_rate=self.learning_rate)
     job.update(extra)
     return job
 
@@ -125,7 +127,8 @@ def plan(args):
   experiments = [(w, p) for w, p in experiments if p]
   return Settings(
       mode='quick' if quick else 'full', batch_size=args.batch_size,
-      threads=args.threads, learning_rate=0.01, experiments=experiments,
+      threads=args.threads, num_shards=args.num_shards, learning_rate=0.01,
+      experiments=experiments,
       serving=not args.no_serving, serving_reps=5 if quick else 9,
       latency_calls=50 if quick else 200, throughput_batch=512,
       throughput_calls=4 if quick else 10, scale=args.scale,
