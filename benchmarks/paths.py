@@ -361,6 +361,9 @@ PATHS = {
     'tpu_fc_embedding_core': lambda j, w, c: _run_estimator(
         j, w, c, legacy=False, use_tpu=True, device='tpu_embedding_core',
         mlp=True),
+    'tpu_fc_embedding_core_8_shards': lambda j, w, c: _run_estimator(
+        dict(j, num_shards=8), w, c, legacy=False, use_tpu=True,
+        device='tpu_embedding_core', mlp=True),
     'tpu_fc_tensor_core': lambda j, w, c: _run_estimator(
         j, w, c, legacy=False, use_tpu=True, device='tpu_tensor_core',
         mlp=True),

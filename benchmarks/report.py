@@ -64,6 +64,12 @@ def targets(results):
         _ratio(no_mlp, roofline), '>=', 0.05,
         'examples/s of the emulated embedding core without MLP / bandwidth '
         'roofline examples/s', _missing((_EMULATED + '_no_mlp', no_mlp)))
+  for dim in (16, 64):
+    entry = _training_entry(results, dim)
+    one, eight = _rate(entry, _EMULATED), _rate(entry, _EMULATED + '_8_shards')
+    add('shards8_vs_1_dim{}'.format(dim), _ratio(one, eight), '<=', 1.2,
+        'step time: tpu_fc emulated embedding core on 8 emulated TPU cores / '
+        'on 1', _missing((_EMULATED, one), (_EMULATED + '_8_shards', eight)))
   models = results.get('serving', {}).get('models', {})
   ours, legacy = models.get(_EMULATED, {}), models.get('legacy_cpu', {})
   add('serving_throughput_vs_legacy',

@@ -28,6 +28,9 @@ TRAINING_PATHS = {
                              'embedding core',
     'raw': 'raw TF: unique + gather + segment mean + '
            'ResourceSparseApplyAdagrad, Grappler arithmetic optimizer off',
+    'tpu_fc_embedding_core_8_shards': 'tpu_fc emulated embedding core on 8 '
+                                      'emulated TPU cores (per-core update '
+                                      'order)',
     'mid_level': 'mid-level API by hand: TPUEmbeddingForServing + '
                  'serving_embedding_lookup + GradientTape + Adagrad',
     'tpu_fc_cpu': 'tpu_fc TPUEstimator(use_tpu=False)',
@@ -38,7 +41,8 @@ TRAINING_PATHS = {
     'raw_no_mlp': 'raw TF, model without MLP',
 }
 CONTRAST_PATHS = ('legacy_cpu', 'tpu_fc_embedding_core', 'raw')
-TARGET_PATHS = CONTRAST_PATHS + ('mid_level', 'tpu_fc_embedding_core_no_mlp')
+TARGET_PATHS = CONTRAST_PATHS + ('tpu_fc_embedding_core_8_shards', 'mid_level',
+                                 'tpu_fc_embedding_core_no_mlp')
 SERVED_PATHS = ('legacy_cpu', 'tpu_fc_embedding_core')
 LEGACY_ONLY_PATHS = ('legacy_cpu',)
 SCALE_PATHS = ('tpu_fc_embedding_core', 'legacy_cpu')
@@ -106,7 +110,7 @@ def plan(args):
   all_paths = tuple(TRAINING_PATHS)
   if quick:
     experiments = [(zipf16, TARGET_PATHS),
-                   (zipf64, CONTRAST_PATHS + ('mid_level',))]
+                   (zipf64, TARGET_PATHS[:-1])]
   else:
     experiments = [
         (zipf16, all_paths),

@@ -244,14 +244,16 @@ def _gather(table, ids):
   return tf.compat.v1.nn.embedding_lookup(parts, ids, partition_strategy='div')
 
 
-def _split_div(parts, ids, gradients):
-  """[(part, ids within the part, their gradients)] under the `div` layout."""
+def _split_div(parts, ids, *per_id):
+  """[(part, ids within the part, *per_id within the part)] under the `div`
+  layout; `per_id` are tensors (or None) with one entry per id."""
   ends = np.cumsum([part.shape[0] for part in parts]).astype(np.int64)
   starts = np.concatenate([[0], ends[:-1]])
   owner = tf.searchsorted(tf.constant(ends), ids, side='right')
   split_ids = tf.dynamic_partition(ids, owner, len(parts))
-  split_gradients = tf.dynamic_partition(gradients, owner, len(parts))
-  return [(part, split_ids[i] - starts[i], split_gradients[i])
+  split = [[None] * len(parts) if value is None else
+           tf.dynamic_partition(value, owner, len(parts)) for value in per_id]
+  return [(part, split_ids[i] - starts[i]) + tuple(value[i] for value in split)
           for i, part in enumerate(parts)]
 
 
@@ -264,6 +266,12 @@ class _Lookup(collections.namedtuple(
   or sequence position); `lengths` are the sequence lengths of a sequence
   feature (else None); `multivalent`: ids may share a sequence position.
   """
+
+
+class _Update(collections.namedtuple(
+    '_Update', ['ids', 'gradients', 'learning_rate', 'turns'])):
+  """One table's step: row gradients per id (or per id and core, with `turns`,
+  see `sparse_update.apply_in_core_order`) and the resolved learning rate."""
 
 
 class _Parsed(collections.namedtuple(
@@ -630,24 +638,25 @@ class HostEmbeddingEngine:
       # After this step's gather, also where no gradient depends on it (a
       # feature the loss ignores): the update must not change what was looked up.
       with tf.control_dependencies([self._gathered[table.name]]):
-        ids, row_gradients = self._summed_gradients(table, lookups)
+        ids, row_gradients, turns = self._summed_gradients(table, lookups)
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(self._step),
                                  tf.float32)
-      update = (ids, row_gradients, self._learning_rate(table))
+      update = _Update(ids, row_gradients, self._learning_rate(table), turns)
       if pipelined:
         updates.append(self._park(table, update))
       else:
-        updates.append(self._apply(table, *update))
+        updates.append(self._apply(table, update))
     return tf.group(*updates, name='tpu_embedding_update')
 
   def _summed_gradients(self, table, lookups):
-    """`(ids, gradients)` of the table's update: per id, or per (id, core).
+    """`(ids, gradients, turns)` of the table's update: per id, or per (id, core).
 
     With several shards each id gets one entry per core that saw it, its
-    gradients summed within the core, and its entries in the TPU's order of
-    application (`tpu_fc.reference.apply_update_by_core`): the holding core
-    `id mod num_shards` first, then the ring.
+    gradients summed within the core, and `turns` places the entries in the
+    TPU's order of application (`tpu_fc.reference.apply_update_by_core`): the
+    holding core `id mod num_shards` first, then the ring (see
+    `sparse_update.apply_in_core_order`).  With one shard `turns` is None.
     """
     gradients = tf.concat(
         [self._id_gradients(table, lookup) for lookup in lookups], axis=0)
@@ -656,7 +665,7 @@ class HostEmbeddingEngine:
     cores = self._num_shards
     if cores == 1:
       return unique_ids, tf.math.unsorted_segment_sum(
-          gradients, rows, tf.size(unique_ids))
+          gradients, rows, tf.size(unique_ids)), None
     # Example e of a batch of b lies on core floor(e·cores / b): b // cores
     # examples per core, and no division by zero for an empty batch.
     core = tf.concat([lookup.positions[:, 0] * cores // lookup.batch
@@ -666,9 +675,13 @@ class HostEmbeddingEngine:
                                                   tf.size(pairs))
     pair_rows = pairs // cores
     pair_ids = tf.gather(unique_ids, pair_rows)
-    turn = tf.math.floormod(pairs % cores - pair_ids % cores, cores)
-    order = tf.argsort(pair_rows * cores + turn, stable=True)
-    return (tf.gather(pair_ids, order), tf.gather(pair_gradients, order))
+    ring = tf.cast(tf.math.floormod(pairs % cores - pair_ids % cores, cores),
+                   tf.int32)
+    first = tf.gather(tf.math.unsorted_segment_min(ring, pair_rows,
+                                                   tf.size(unique_ids)),
+                      pair_rows)
+    return (pair_ids, pair_gradients,
+            tf.where(tf.equal(ring, first), tf.zeros_like(ring), ring))
 
   def _id_gradients(self, table, lookup):
     """d(loss)/d(row) for each id of one feature: the chain rule of `_combine`."""
@@ -693,36 +706,41 @@ class HostEmbeddingEngine:
       gradients *= scale[:, tf.newaxis]
     return gradients
 
-  def _apply(self, table, unique_ids, row_gradients, learning_rate):
+  def _apply(self, table, update):
     """The table's update, part by part on each part's device (one part unsplit)."""
     parameters = self.table_parameters(table)
     parts = sparse_update.table_parts(self.tables[table.name])
     slot_parts = {name: sparse_update.table_parts(slot)
                   for name, slot in self.slots[table.name].items()}
 
-    def update(part, index, gradient):
+    def apply(part, index, ids, gradients, turns):
       slots = {name: slot[index] for name, slot in slot_parts.items()}
+      rows = tf.IndexedSlices(gradients, ids)
+      # An aggregation across replicas sums an id's entries: one application.
       return build_context.apply_rows(
-          part, gradient, lambda g: sparse_update.apply_in_core_order(
-              parameters, part, slots, g.indices, g.values, learning_rate,
+          part, rows, lambda g: sparse_update.apply_in_core_order(
+              parameters, part, slots, g.indices, g.values,
+              update.learning_rate, turns if g is rows else None,
               self._num_shards))
 
     if len(parts) == 1:
-      return update(parts[0], 0, tf.IndexedSlices(row_gradients, unique_ids))
-    updates = []
-    for index, (part, ids, gradients) in enumerate(
-        _split_div(parts, unique_ids, row_gradients)):
+      return apply(parts[0], 0, update.ids, update.gradients, update.turns)
+    applied = []
+    for index, (part, ids, gradients, turns) in enumerate(
+        _split_div(parts, update.ids, update.gradients, update.turns)):
       with tf.device(part.device):
-        updates.append(update(part, index, tf.IndexedSlices(gradients, ids)))
-    return tf.group(*updates)
+        applied.append(apply(part, index, ids, gradients, turns))
+    return tf.group(*applied)
 
   def _pending(self, table):
     """The queue holding a table's parked update (pipelined execution)."""
     if table.name not in self._queues:
       with tf.init_scope():  # one queue for all steps, also in a training loop
+        dtypes = [tf.int64, tf.float32, tf.float32]
+        if self._num_shards > 1:
+          dtypes.append(tf.int32)
         self._queues[table.name] = tf.queue.FIFOQueue(
-            1, [tf.int64, tf.float32, tf.float32],
-            name='tpu_embedding_pending_update_' + table.name)
+            1, dtypes, name='tpu_embedding_pending_update_' + table.name)
     return self._queues[table.name]
 
   def _apply_parked(self, table):
@@ -730,10 +748,10 @@ class HostEmbeddingEngine:
     queue = self._pending(table)
 
     def apply():
-      unique_ids, row_gradients, learning_rate = queue.dequeue()
-      row_gradients.set_shape([None, table.dimension])
-      with tf.control_dependencies([self._apply(
-          table, unique_ids, row_gradients, learning_rate)]):
+      parked = queue.dequeue()
+      parked[1].set_shape([None, table.dimension])
+      update = _Update(*parked, *[None] * (len(_Update._fields) - len(parked)))
+      with tf.control_dependencies([self._apply(table, update)]):
         return tf.constant(True)
 
     return tf.cond(queue.size() > 0, apply, lambda: tf.constant(False))
@@ -742,7 +760,8 @@ class HostEmbeddingEngine:
     with tf.control_dependencies([self._gathered[table.name]]):
       applied = self._apply_parked(table)  # after this step's lookup
     with tf.control_dependencies([applied]):
-      return self._pending(table).enqueue(update)
+      return self._pending(table).enqueue(
+          [value for value in update if value is not None])
 
   def flush_op(self):
     """Applies every parked update (end of pipelined training)."""
