@@ -110,7 +110,7 @@ def tf_estimator(model_dir, optimizer_name):
           num_shards=NUM_SHARDS, iterations_per_loop=2)))
 
 
-def estimator(model_dir, path, optimizer_name):
+def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS):
   """The estimator of `path`, its table trained by `optimizer_name`'s rule."""
   col = column(path)
   model_optimizer = MODEL_OPTIMIZERS.get(
@@ -124,8 +124,47 @@ def estimator(model_dir, path, optimizer_name):
       model_fn=model_fn_of(model_optimizer), use_tpu=path != 'cpu',
       train_batch_size=len(IDS), params={'column': col},
       config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=(
-          tpu_fc.TPUConfig(num_shards=NUM_SHARDS, iterations_per_loop=2))),
+          # (one core is num_shards=None: TF refuses 1 with embedding tables)
+          tpu_fc.TPUConfig(num_shards=num_shards if num_shards > 1 else None,
+                           iterations_per_loop=2))),
       embedding_config_spec=spec)
+
+
+# The spec's optimizers that have a `tf.tpu.experimental.embedding` twin.
+MID_LEVEL_OPTIMIZERS = ('adagrad', 'adam', 'adam_non_lazy', 'ftrl', 'sgd')
+
+
+def mid_level_embedding(optimizer_name, num_cores):
+  """`tpu_fc.mid_level.TPUEmbedding` of the migrated model: one table 'ids'
+  (the column's), trained by `optimizer_name`'s mid-level twin."""
+  table = tf.tpu.experimental.embedding.TableConfig(
+      vocabulary_size=VOCAB, dim=DIM, combiner='mean', name='ids',
+      initializer=tf.constant_initializer(START))
+  return tpu_fc.mid_level.TPUEmbedding(
+      {'ids': tf.tpu.experimental.embedding.FeatureConfig(table=table)},
+      EMBEDDING_OPTIMIZERS[optimizer_name].to_mid_level(), num_cores=num_cores)
+
+
+def mid_level_train(embedding, kind, steps, num_cores, function=True):
+  """The migrated training loop: `steps` steps of the model's loss on IDS as
+  `kind`, its gradient scaled as `CrossShardOptimizer` scales each core's."""
+
+  def step():
+    embedding.enqueue({'ids': ids_feature(kind)})
+    with tf.GradientTape() as tape:
+      activations = embedding.dequeue()
+      tape.watch(activations)
+      loss = tf.reduce_sum(activations['ids'] * COEF) / num_cores
+    embedding.apply_gradients(tape.gradient(loss, activations))
+
+  step = tf.function(step) if function else step
+  for _ in range(steps):
+    step()
+  table = embedding.embedding_tables
+  variables = embedding._variables['ids']  # pylint: disable=protected-access
+  return (next(iter(table.values())).numpy(),
+          {slot: variables[slot].numpy() for slot in variables
+           if slot != 'parameters'})
 
 
 def occurrences(num_shards):
@@ -140,19 +179,20 @@ def occurrences(num_shards):
   return np.array(ids), np.array(cores), np.array(grads, np.float32)
 
 
-def expected_step(path, optimizer_name, steps=1):
-  """`helpers.ReferenceSteps` after `steps` steps of `path`."""
-  if path == 'embedding_core':
+def expected_step(path, optimizer_name, steps=1, num_shards=NUM_SHARDS):
+  """`helpers.ReferenceSteps` after `steps` steps of `path` ('mid_level': the
+  migrated model on `num_shards` emulated cores)."""
+  if path in ('embedding_core', 'mid_level'):
     params = EMBEDDING_OPTIMIZERS[optimizer_name]
   else:
     params = MODEL_OPTIMIZERS[optimizer_name][1]
-  num_shards = 1 if path == 'cpu' else NUM_SHARDS
+  num_shards = 1 if path == 'cpu' else num_shards
   ids, cores, grads = occurrences(num_shards)
   want = helpers.ReferenceSteps(params, START,
                                 reference.init_slots(params, (VOCAB, DIM)),
                                 gradient_roundings=2)
   for _ in range(steps):
-    if path == 'embedding_core':  # the TPU applies each core's sum in turn
+    if path != 'cpu' and path != 'tensor_core':  # each core's sum in turn
       want.step(ids, grads, LR, cores=cores, num_cores=num_shards)
     else:  # a model variable: the shards' gradients averaged, one update
       want.step(ids, grads, LR)

@@ -26,11 +26,13 @@ from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
+from tensorflow.python.trackable import autotrackable
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object_util
 from tensorflow.python.util import function_utils
+from tensorflow.python.util import nest
 from tensorflow.python.util import tf_inspect
 
 # Estimator ----------------------------------------------------------------------
@@ -159,6 +161,12 @@ tpu_shard_context = tpu_function.tpu_shard_context
 tpu_ops_module = tpu_ops
 # The mid-level API's optimizer base class.
 MidLevelOptimizer = tpu_embedding_v2_utils._Optimizer
+# The mid-level `TPUEmbedding`'s base class: its variables are its checkpoint
+# children, created through `_add_variable_with_custom_getter` (restore on
+# creation).
+AutoTrackable = autotrackable.AutoTrackable
+# Feature paths as the mid-level API names them in its error texts ('a/b').
+flatten_with_joined_string_paths = nest.flatten_with_joined_string_paths
 
 
 def forget_shared_table(creator, graph):

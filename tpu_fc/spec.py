@@ -202,6 +202,14 @@ def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   return _sorted_layout(tables, features)
 
 
+def layout_of_mid_level(features):
+  """The layout of mid-level `FeatureConfig`s by feature name; tables keep
+  their own (`TableConfig.name`) names."""
+  return _layout_from_dicts(
+      features, {config.table.name: config.table
+                 for config in features.values()})
+
+
 def _sorted_layout(tables, features):
   return EmbeddingLayout(
       tables=tuple(tables[k] for k in sorted(tables)),

@@ -346,6 +346,11 @@ class HostEmbeddingEngine:
           self.table_parameters(table), self.tables[table.name], name,
           slot_names)
 
+  def use_variables(self, tables, slots):
+    """Trains the given variables: {table name: table}, {table name: {slot
+    name: slot}} (a backend that creates its own, as the mid-level API)."""
+    self.tables, self.slots = dict(tables), dict(slots)
+
   def name_variables(self, graph):
     """Creates the tables and slots of `named_by_columns` (see `create_variables`)."""
     if not self._handles:
@@ -406,27 +411,9 @@ class HostEmbeddingEngine:
     (the configured global batch, as a TPU's embedding config fixes it), else
     the input's, when known.
     """
-    self._step = tf.compat.v1.train.get_or_create_global_step().read_value()
-    self._num_shards = num_shards
-    self._captured = {}
-    self._lookups, self._unique_ids, self._gathered = {}, {}, {}
-    self._all_ids = {}
-    self._shards = {}
-    self._norms = {}
-    weight_readers = collections.Counter(
-        feature.weight_key for feature in self.layout.features
-        if feature.weight_key)
-    for weight_key, readers in weight_readers.items():
-      if readers > 1:
-        raise ValueError(MISSING_WEIGHTS_ERROR.format(weight_key))
-    parsed = {table.name: [self._parse(table, feature, features)
-                           for feature in self.layout.features_of(table.name)]
-              for table in self.layout.tables}
-    ids_checked = _ids_in_range(self.layout, parsed)
-    combined = {}
-    for table in self.layout.tables:
-      for lookup in self._table_lookups(table, parsed[table.name], ids_checked):
-        combined.update(self._combine(table, lookup))
+    combined = self.activations(
+        features, num_shards,
+        step=tf.compat.v1.train.get_or_create_global_step().read_value())
     name, batch = _static_batch(features, self.layout.features)
     check_static_batch(name, batch, batch_size)
     batch = batch or batch_size
@@ -454,6 +441,38 @@ class HostEmbeddingEngine:
               (feature.name, index))
     return shards
 
+  def activations(self, features, num_shards=1, weights=None, step=None):
+    """Feature name -> activation (whole batch) of every embedding-core feature.
+
+    Starts a step: its ids are de-duplicated and gathered here, and
+    `apply_gradients` updates them.  `weights` maps feature names to weights
+    given apart from the features (the mid-level `enqueue`'s); `step` (a
+    tensor, or None) is what `learning_rate_fn` and the gradient multiplier
+    read, and the lookup runs after it is read.
+    """
+    self._step = step
+    self._num_shards = num_shards
+    self._captured = {}
+    self._lookups, self._unique_ids, self._gathered = {}, {}, {}
+    self._all_ids = {}
+    self._shards = {}
+    self._norms = {}
+    weight_readers = collections.Counter(
+        feature.weight_key for feature in self.layout.features
+        if feature.weight_key)
+    for weight_key, readers in weight_readers.items():
+      if readers > 1:
+        raise ValueError(MISSING_WEIGHTS_ERROR.format(weight_key))
+    parsed = {table.name: [self._parse(table, feature, features, weights or {})
+                           for feature in self.layout.features_of(table.name)]
+              for table in self.layout.tables}
+    ids_checked = _ids_in_range(self.layout, parsed)
+    combined = {}
+    for table in self.layout.tables:
+      for lookup in self._table_lookups(table, parsed[table.name], ids_checked):
+        combined.update(self._combine(table, lookup))
+    return combined
+
   def _table_lookups(self, table, parsed, ids_checked):
     """One de-duplication and one gather for all features of `table`."""
     all_ids = tf.concat([tf.cast(p.ids.values, tf.int64) for p in parsed],
@@ -461,7 +480,8 @@ class HostEmbeddingEngine:
     self._all_ids[table.name] = all_ids
     self._batch = parsed[0].ids.dense_shape[0]
     unique_ids, rows = tf.unique(all_ids, out_idx=tf.int64)
-    with tf.control_dependencies([self._step, ids_checked]):
+    with tf.control_dependencies([ids_checked] + (
+        [] if self._step is None else [self._step])):
       if table.name in self._handles:
         gathered = tf.raw_ops.ResourceGather(
             resource=self._handles[table.name], indices=unique_ids,
@@ -493,7 +513,7 @@ class HostEmbeddingEngine:
                    'examples': self._batch}
             for name, ids in self._all_ids.items()}
 
-  def _parse(self, table, feature, features):
+  def _parse(self, table, feature, features, weights):
     """A feature's ids as the TPU enqueues them, checked, with its weights.
 
     Negative ids are padding, as in TF's safe lookups: dropped.  A sequence
@@ -509,7 +529,9 @@ class HostEmbeddingEngine:
                     multivalent=feature.is_sequence)
     if not ids.dtype.is_integer:
       raise ValueError(STRING_IDS_ERROR.format(feature.name))
-    weights = self._weights(table, feature, features)
+    weights = weights.get(feature.name)  # values, one per id
+    if weights is None:
+      weights = self._weights(table, feature, features)
     if weights is not None:
       weights = _check_weights(feature, ids, weights)
     keep = ids.values >= 0
@@ -624,14 +646,18 @@ class HostEmbeddingEngine:
 
     return tie(dummy.read_value(), activation)
 
-  def apply_gradients(self, pipelined=False):
+  def apply_gradients(self, pipelined=False, activation_gradients=None):
     """The embedding optimizer step for every table, from the captured gradients.
+
+    `activation_gradients` ({feature name: d(loss)/d(activation)}, whole
+    batch) are given by the caller instead (the mid-level `apply_gradients`).
 
     With `pipelined` (the spec's `pipeline_execution_with_tensor_core`), each
     table's update is parked and applied right after the *next* step's lookup,
     so, as on a TPU whose lookups for step N+1 run while step N's model does,
     step N+1 misses step N's update.  `flush_op()` applies a parked update.
     """
+    self._given_gradients = activation_gradients or {}
     updates = []
     for table in self.layout.tables:
       lookups = self._lookups[table.name]
@@ -769,6 +795,8 @@ class HostEmbeddingEngine:
 
   def _activation_gradient(self, table, name):
     """d(loss)/d(activation) of one feature over all shards (zeros where unused)."""
+    if name in self._given_gradients:
+      return self._given_gradients[name]
     per_shard = []
     for shard, piece in enumerate(self._shards[name]):
       dy = self._captured.get((name, shard))

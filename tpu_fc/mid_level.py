@@ -1,0 +1,270 @@
+"""`tf.tpu.experimental.embedding.TPUEmbedding` for migrated TF2 code, without a TPU.
+
+TF's own class trains only under a `TPUStrategy`; outside one it only serves.
+This one keeps its constructor, methods, error texts and checkpoint (a child
+`<table>` per table and `<table>/<slot>` per slot, so a checkpoint restores into
+TF's class and back), and trains on the host with the engine of the emulated
+TPUEstimator: the same lookup, the same TPU update rules (`tpu_fc.reference`),
+and with `num_cores` emulated TPU cores the same per-core order of updates.  A
+migrated model can so be checked step by step against its legacy form on a
+laptop.
+
+One step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or within one
+`tf.function`, as on a TPU; the gradients are d(loss)/d(activations).
+"""
+from tpu_fc import _tf_internals as internals
+from tpu_fc import spec as spec_lib
+from tpu_fc._tf import tf
+from tpu_fc.lookup import embedding_core
+
+
+def _table_configs(feature_config, optimizer):
+  """The tables in order of first use, named and given the default optimizer
+  as TF's class does (it sets both on the user's `TableConfig`s)."""
+  tables = []
+  for feature in tf.nest.flatten(feature_config):
+    if feature.table not in tables:
+      tables.append(feature.table)
+  names = []
+  for index, table in enumerate(tables):
+    if table.optimizer is None:
+      table.optimizer = optimizer
+    if (table.optimizer is not None and
+        not isinstance(table.optimizer, internals.MidLevelOptimizer)):
+      raise ValueError('{} is an unsupported optimizer class. Please pass an '
+                       'instance of one of the optimizer classes under '
+                       'tf.tpu.experimental.embedding.'.format(
+                           type(table.optimizer)))
+    if table.name is None:
+      table.name = 'table_{}'.format(index)
+    if table.name in names:
+      raise ValueError('Tables must have a unique name. Multiple tables with '
+                       'name {} found.'.format(table.name))
+    names.append(table.name)
+  return tables
+
+
+def _as_ids(path, value, feature):
+  """A feature's input as the engine takes it: dense ids one per example."""
+  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+    return value
+  if not isinstance(value, tf.Tensor):
+    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
+                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
+                         path, type(value)))
+  if feature.max_sequence_length > 0:
+    raise ValueError('Feature {} is a sequence feature but a dense tensor was '
+                     'passed.'.format(path))
+  shape = value.shape
+  if shape.rank is None or shape.rank > 2 or (shape.rank == 2 and
+                                              shape[1] != 1):
+    raise ValueError(
+        'Dense input {} has shape {}: a dense input holds one id per example '
+        '([batch] or [batch, 1]), as on a TPU. Pass a SparseTensor or '
+        'RaggedTensor to combine several ids per example.'.format(path, shape))
+  ids = tf.reshape(tf.cast(value, tf.int64), [-1])
+  rows = tf.range(tf.size(ids, out_type=tf.int64))
+  return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
+                         tf.stack([tf.size(ids, out_type=tf.int64), 1]))
+
+
+def _weight_values(path, weight, value, feature):
+  """The float32 weights of one feature's ids, or None (TF's checks, texts)."""
+  if weight is None:
+    return None
+  if isinstance(value, tf.Tensor):
+    raise ValueError('Weight specified for dense input {}, which is not '
+                     'allowed. Weight will always be 1 in this case.'.format(
+                         path))
+  if not isinstance(weight, type(value)):
+    raise ValueError('Weight for {} is type {} which does not match type input '
+                     'which is {}.'.format(path, type(weight),
+                                           type(value).__name__))
+  if feature.max_sequence_length > 0:
+    raise ValueError('Weight specified for {}, but this is a sequence '
+                     'feature.'.format(path))
+  return tf.cast(weight.values, tf.float32)
+
+
+class TPUEmbedding(internals.AutoTrackable):
+  """TF's `tf.tpu.experimental.embedding.TPUEmbedding`, trained on the host.
+
+  Args as TF's, plus `num_cores`: the TPU cores to emulate (the batch is split
+  over them as `TPUStrategy` would; an id's per-core gradients are applied
+  one core after another, the core holding the id first).
+  """
+
+  def __init__(self, feature_config, optimizer,
+               pipeline_execution_with_tensor_core=False, num_cores=1):
+    self._feature_config = feature_config
+    self._table_config = _table_configs(feature_config, optimizer)
+    self._paths = [path for path, _ in
+                   internals.flatten_with_joined_string_paths(feature_config)]
+    self._pipelined = pipeline_execution_with_tensor_core
+    if not isinstance(num_cores, int) or num_cores < 1:
+      raise ValueError('num_cores must be a positive int, got {!r}.'.format(
+          num_cores))
+    self._num_cores = num_cores
+    self._engine = embedding_core.HostEmbeddingEngine(
+        spec_lib.layout_of_mid_level(
+            dict(zip(self._paths, tf.nest.flatten(feature_config)))),
+        optimization_parameters=None)
+    self._built = False
+    self._step = None  # what enqueue looked up, for dequeue / apply_gradients
+
+  # Variables -------------------------------------------------------------------
+
+  def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
+    """Creates the tables and slots (TF's names); enqueue calls it."""
+    del per_replica_input_shapes, per_replica_batch_size  # shapes come per step
+    if self._built:
+      return
+    self._variables = {table.name: self._create_variables(table)
+                       for table in self._table_config}
+    self._engine.use_variables(
+        {name: v['parameters'] for name, v in self._variables.items()},
+        {name: {slot: var for slot, var in v.items() if slot != 'parameters'}
+         for name, v in self._variables.items()})
+    self._built = True
+
+  def _maybe_build(self):
+    if not self._built:
+      with tf.init_scope():  # variables outside any tf.function being traced
+        self.build()
+
+  def _create_variables(self, table):
+    """`{'parameters': table, slot name: slot}` as TF's class creates them."""
+    shape = (table.vocabulary_size, table.dim)
+
+    def getter(name, shape, dtype, initializer, trainable):
+      del shape  # (cleared sometimes by the custom-getter path, as TF notes)
+      return tf.Variable(
+          name=name, shape=table_shape, dtype=dtype, trainable=trainable,
+          initial_value=lambda: initializer(table_shape, dtype=dtype))
+
+    table_shape = shape
+
+    def create(name, initializer, trainable=True):
+      # Restores from a checkpoint read before build, as TF's class does.
+      return self._add_variable_with_custom_getter(
+          name=name, initializer=initializer, shape=shape, dtype=tf.float32,
+          getter=getter, trainable=trainable)
+
+    parameters = create(table.name, table.initializer)
+    slots = {}
+    if table.optimizer is not None:
+      slots = table.optimizer._create_slots(  # pylint: disable=protected-access
+          parameters, lambda name, init: create(table.name + '/' + name, init,
+                                                False))
+    slots['parameters'] = parameters
+    return slots
+
+  @property
+  def embedding_tables(self):
+    """`{TableConfig: table variable}`, as TF's class gives them on CPU."""
+    self._maybe_build()
+    return {table: self._variables[table.name]['parameters']
+            for table in self._table_config}
+
+  # One step --------------------------------------------------------------------
+
+  def enqueue(self, features, weights=None, training=True, name=None,
+              device=None):
+    """Looks up `features` (the structure of the feature config)."""
+    del name, device  # one host
+    self._maybe_build()
+    tf.nest.assert_same_structure(self._feature_config, features)
+    flat_features = tf.nest.flatten(self._feature_config)
+    flat_inputs = tf.nest.flatten(features)
+    flat_weights = [None] * len(flat_inputs)
+    if weights is not None:
+      tf.nest.assert_same_structure(self._feature_config, weights)
+      flat_weights = tf.nest.flatten(weights)
+    ids, weight_values = {}, {}
+    for path, value, weight, feature in zip(self._paths, flat_inputs,
+                                            flat_weights, flat_features):
+      values = _weight_values(path, weight, value, feature)
+      if values is not None:
+        weight_values[path] = values
+      ids[path] = _as_ids(path, value, feature)
+    activations = self._engine.activations(ids, self._num_cores, weight_values)
+    self._step = _Step({path: self._activation(path, activations[path])
+                        for path in self._paths}, training, _graph())
+
+  def _activation(self, path, value):
+    """An activation the tape sees only from here on (as on a TPU, where the
+    tables are not in the model's graph), its batch checked to split into
+    the emulated cores."""
+    if self._num_cores > 1:
+      with tf.control_dependencies([embedding_core.check_batch_divides(
+          'Feature ' + path, tf.shape(value, out_type=tf.int64)[0],
+          self._num_cores)]):
+        value = tf.identity(value)
+    return tf.stop_gradient(value)
+
+  def dequeue(self, name=None):
+    """The activations of the last `enqueue` (the feature config's structure)."""
+    del name
+    step = self._current_step('dequeue')
+    return tf.nest.pack_sequence_as(
+        self._feature_config, [step.activations[path] for path in self._paths])
+
+  def apply_gradients(self, gradients, name=None):
+    """Applies d(loss)/d(activations) to the tables with the TPU update rules."""
+    del name
+    step = self._current_step('apply_gradients')
+    if not step.training:
+      raise RuntimeError('apply_gradients called after enqueue(training=False):'
+                         ' enqueue the step with training=True to train it.')
+    if any(table.optimizer is None for table in self._table_config):
+      raise RuntimeError('apply_gradients needs an optimizer; this TPUEmbedding'
+                         ' was created with optimizer=None.')
+    tf.nest.assert_same_structure(self._feature_config, gradients)
+    given = {}
+    for path, gradient in zip(self._paths, tf.nest.flatten(gradients)):
+      expected = step.activations[path].shape
+      if gradient is None:
+        tf.compat.v1.logging.warning(
+            'No gradient passed for feature %s, sending zero gradient. This may'
+            ' not be correct behavior for certain optimizers like Adam.', path)
+        gradient = tf.zeros_like(step.activations[path])
+      elif not isinstance(gradient, tf.Tensor):
+        raise ValueError('found non-tensor type: {} at path {}.'.format(
+            type(gradient), path))
+      elif not gradient.shape.is_compatible_with(expected):
+        raise ValueError('Found gradient of shape {} at path {}. Expected '
+                         'shape {}.'.format(gradient.shape, path, expected))
+      given[path] = tf.cast(gradient, tf.float32)
+    return self._engine.apply_gradients(pipelined=self._pipelined,
+                                        activation_gradients=given)
+
+  def _current_step(self, method):
+    if not self._built:
+      raise RuntimeError(
+          '{} called on unbuilt TPUEmbedding object. Please either call '
+          'enqueue first or manually call the build method.'.format(method))
+    if self._step is None:
+      raise RuntimeError('{} called before enqueue: enqueue the step\'s '
+                         'features first.'.format(method))
+    if self._step.graph is not _graph():
+      raise RuntimeError(
+          '{} must run where enqueue ran (both eagerly, or in one '
+          'tf.function): tpu_fc looks up on the host, with no TPU queue '
+          'between functions.'.format(method))
+    return self._step
+
+
+class _Step:
+  """What one enqueue looked up: activations by feature path."""
+
+  def __init__(self, activations, training, graph):
+    self.activations = activations
+    self.training = training
+    self.graph = graph
+
+
+def _graph():
+  """The graph being built, or None when executing eagerly."""
+  if tf.executing_eagerly():
+    return None
+  return tf.compat.v1.get_default_graph()
