@@ -233,15 +233,7 @@ def _run_mid_level(job, workload, controller, mlp):
   IndexedSlices gradients (what a TF2 user without a TPU writes).
   """
   embedding = tf.tpu.experimental.embedding
-  feature_config = {
-      name: embedding.FeatureConfig(
-          table=embedding.TableConfig(
-              vocabulary_size=size, dim=workload.dim, combiner='mean',
-              initializer=tf.initializers.TruncatedNormal(
-                  stddev=1 / np.sqrt(workload.dim), seed=workload.seed),
-              name='table_' + name),
-          name=name)
-      for name, size in zip(workload.feature_names, workload.table_sizes)}
+  feature_config = _mid_level_features(workload)
   # The serving object never trains: SGD keeps it from creating slot variables
   # that TF's Adagrad below (which keeps its own accumulators) would not use.
   mid_level = embedding.TPUEmbeddingForServing(
@@ -261,6 +253,52 @@ def _run_mid_level(job, workload, controller, mlp):
       loss = _loss(labels, head(embedded, features['dense']))
     variables = list(tables.values()) + head.trainable_variables
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  _run_loop(job, workload, controller, step)
+
+
+def _mid_level_features(workload):
+  """The workload's mid-level feature config: one table per feature."""
+  embedding = tf.tpu.experimental.embedding
+  return {
+      name: embedding.FeatureConfig(
+          table=embedding.TableConfig(
+              vocabulary_size=size, dim=workload.dim, combiner='mean',
+              initializer=tf.initializers.TruncatedNormal(
+                  stddev=1 / np.sqrt(workload.dim), seed=workload.seed),
+              name='table_' + name),
+          name=name)
+      for name, size in zip(workload.feature_names, workload.table_sizes)}
+
+
+def _run_tpu_fc_mid_level(job, workload, controller, mlp):
+  """The model migrated to the mid-level API, trained by tpu_fc's host
+  `TPUEmbedding` (enqueue, dequeue, apply_gradients), the head by TF1 Adagrad;
+  Grappler's arithmetic optimizer off, as in tpu_fc's estimator sessions."""
+  tpu_fc = importlib.import_module('tpu_fc')
+  tf.config.optimizer.set_experimental_options(
+      {'arithmetic_optimization': False})
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      _mid_level_features(workload),
+      tf.tpu.experimental.embedding.Adagrad(
+          job['learning_rate'], initial_accumulator_value=0.1),
+      num_cores=job.get('num_shards', 1))
+  head = _Head(mlp)
+  optimizer = tf.compat.v1.train.AdagradOptimizer(job['learning_rate'])
+  names = workload.feature_names
+
+  def step(features, labels):
+    embedding.enqueue({name: features[name] for name in names})
+    with tf.GradientTape() as tape:
+      activations = embedding.dequeue()
+      tape.watch(activations)
+      embedded = tf.concat([activations[name] for name in names], axis=1)
+      loss = _loss(labels, head(embedded, features['dense']))
+    variables = head.trainable_variables
+    head_gradients, activation_gradients = tape.gradient(
+        loss, (variables, activations))
+    optimizer.apply_gradients(zip(head_gradients, variables))
+    embedding.apply_gradients(activation_gradients)
 
   _run_loop(job, workload, controller, step)
 
@@ -371,6 +409,8 @@ PATHS = {
         j, w, c, legacy=False, use_tpu=True, device='tpu_embedding_core',
         mlp=False),
     'mid_level': lambda j, w, c: _run_mid_level(j, w, c, mlp=True),
+    'tpu_fc_mid_level': lambda j, w, c: _run_tpu_fc_mid_level(j, w, c,
+                                                              mlp=True),
     'raw': lambda j, w, c: _run_raw(j, w, c, mlp=True),
     'raw_no_mlp': lambda j, w, c: _run_raw(j, w, c, mlp=False),
 }

@@ -70,6 +70,14 @@ def targets(results):
     add('shards8_vs_1_dim{}'.format(dim), _ratio(one, eight), '<=', 1.2,
         'step time: tpu_fc emulated embedding core on 8 emulated TPU cores / '
         'on 1', _missing((_EMULATED, one), (_EMULATED + '_8_shards', eight)))
+  for dim in (16, 64):
+    entry = _training_entry(results, dim)
+    emulated, host = _rate(entry, _EMULATED), _rate(entry, 'tpu_fc_mid_level')
+    add('host_tpu_embedding_vs_emulated_dim{}'.format(dim),
+        _ratio(emulated, host), '<=', 1.2,
+        'step time: the migrated TF2 loop on tpu_fc.mid_level.TPUEmbedding / '
+        'the emulated TPUEstimator',
+        _missing((_EMULATED, emulated), ('tpu_fc_mid_level', host)))
   models = results.get('serving', {}).get('models', {})
   ours, legacy = models.get(_EMULATED, {}), models.get('legacy_cpu', {})
   add('serving_throughput_vs_legacy',

@@ -31,6 +31,9 @@ TRAINING_PATHS = {
     'tpu_fc_embedding_core_8_shards': 'tpu_fc emulated embedding core on 8 '
                                       'emulated TPU cores (per-core update '
                                       'order)',
+    'tpu_fc_mid_level': 'the model migrated to the mid-level API: '
+                        'tpu_fc.mid_level.TPUEmbedding (enqueue, dequeue, '
+                        'apply_gradients) in a TF2 loop',
     'mid_level': 'mid-level API by hand: TPUEmbeddingForServing + '
                  'serving_embedding_lookup + GradientTape + Adagrad',
     'tpu_fc_cpu': 'tpu_fc TPUEstimator(use_tpu=False)',
@@ -41,7 +44,8 @@ TRAINING_PATHS = {
     'raw_no_mlp': 'raw TF, model without MLP',
 }
 CONTRAST_PATHS = ('legacy_cpu', 'tpu_fc_embedding_core', 'raw')
-TARGET_PATHS = CONTRAST_PATHS + ('tpu_fc_embedding_core_8_shards', 'mid_level',
+TARGET_PATHS = CONTRAST_PATHS + ('tpu_fc_embedding_core_8_shards',
+                                 'tpu_fc_mid_level', 'mid_level',
                                  'tpu_fc_embedding_core_no_mlp')
 SERVED_PATHS = ('legacy_cpu', 'tpu_fc_embedding_core')
 LEGACY_ONLY_PATHS = ('legacy_cpu',)

@@ -7,11 +7,16 @@ reference oracle and against the legacy model trained by the emulated
 TPUEstimator (the migration's promise), and TF's TPU rule for several cores
 derived by hand.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import harness
+import helpers
 import tpu_fc
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 
 embedding_api = tf.tpu.experimental.embedding
@@ -285,3 +290,153 @@ def test_tables_are_named_and_optimized_as_tfs_class_does():
             vocabulary_size=3, dim=1, name='same')),
          embedding_api.FeatureConfig(table=embedding_api.TableConfig(
              vocabulary_size=3, dim=1, name='same'))], optimizer)
+
+
+def test_options_of_the_mid_level_optimizer_follow_the_tpu_rules():
+  """A learning-rate callable, gradient and weight clipping, weight decay and
+  `slot_variable_creation_fn`, against the reference (1 and 2 cores)."""
+  rate = tf.Variable(0.3)
+  created = []
+
+  def slot_variable_creation_fn(table, slot_names, slot_initializers):
+    created.extend(slot_names)
+    return {name: tf.Variable(init(table.shape), name=name)
+            for name, init in zip(slot_names, slot_initializers)}
+
+  for cores in (1, 2):
+    optimizer = embedding_api.Adagrad(
+        lambda: rate * 2, initial_accumulator_value=0.2, clipvalue=0.3,
+        clip_weight_min=-0.55, clip_weight_max=0.6, weight_decay_factor=0.1,
+        multiply_weight_decay_factor_by_learning_rate=True,
+        slot_variable_creation_fn=slot_variable_creation_fn)
+    table = embedding_api.TableConfig(
+        vocabulary_size=harness.VOCAB, dim=harness.DIM, name='ids',
+        initializer=tf.constant_initializer(harness.START))
+    embedding = tpu_fc.mid_level.TPUEmbedding(
+        {'ids': embedding_api.FeatureConfig(table=table)}, optimizer,
+        num_cores=cores)
+    got, slots = harness.mid_level_train(embedding, 'sparse', 2, cores)
+    params = tpu_fc.optimizers.from_mid_level(optimizer)
+    want = helpers.ReferenceSteps(params, harness.START, {
+        'accumulators': np.full((harness.VOCAB, harness.DIM), 0.2,
+                                np.float32)}, gradient_roundings=2)
+    ids, core_of, grads = harness.occurrences(cores)
+    for _ in range(2):
+      want.step(ids, grads, 0.6, cores=core_of, num_cores=cores)
+    want.assert_matches(got, slots, err_msg='{} cores'.format(cores))
+    assert np.min(got) >= np.float32(-0.55) and np.max(got) <= np.float32(0.6)
+  assert created == ['accumulators', 'accumulators']
+
+
+def test_under_one_device_strategy_steps_match_the_reference():
+  with tf.distribute.OneDeviceStrategy('/cpu:0').scope():
+    embedding = harness.mid_level_embedding('adagrad', 2)
+    table, slots = harness.mid_level_train(embedding, 'ragged', 2, 2)
+  harness.expected_step('mid_level', 'adagrad', steps=2).assert_matches(
+      table, slots)
+
+
+def test_unsupported_options_are_refused_clearly():
+  table = embedding_api.TableConfig(vocabulary_size=3, dim=1)
+  with pytest.raises(NotImplementedError, match='pipeline_execution_with_'
+                     'tensor_core=True yet; pass False'):
+    tpu_fc.mid_level.TPUEmbedding(embedding_api.FeatureConfig(table=table),
+                                  embedding_api.SGD(0.1),
+                                  pipeline_execution_with_tensor_core=True)
+  with pytest.raises(NotImplementedError, match=r'Feature a: .*output_shape'):
+    tpu_fc.mid_level.TPUEmbedding(
+        {'a': embedding_api.FeatureConfig(table=table, output_shape=[4])},
+        embedding_api.SGD(0.1))
+
+
+def test_v0_looks_up_as_tf_and_gets_row_gradients_an_optimizer_applies(
+    tmp_path):
+  """Tensor-core tables: TF's own TPUEmbeddingV0 lookup, outside a
+  TPUStrategy; one SGD step moves only the looked-up rows (by hand: each id
+  of example e gets COEF / |IDS[e]|), never the whole table."""
+  table = embedding_api.TableConfig(
+      vocabulary_size=harness.VOCAB, dim=harness.DIM, name='ids',
+      combiner='mean', initializer=tf.constant_initializer(harness.START))
+  config = {'ids': embedding_api.FeatureConfig(table=table)}
+  embedding = tpu_fc.mid_level.TPUEmbeddingV0(config, embedding_api.SGD(0.1))
+  features = {'ids': harness.ids_feature('ragged')}
+  variable = embedding.embedding_tables[table]
+  with tf.GradientTape() as tape:
+    activations = embedding(features)
+    loss = tf.reduce_sum(activations['ids'] * harness.COEF)
+  np.testing.assert_allclose(
+      activations['ids'], embedding_api.serving_embedding_lookup(
+          features, None, embedding.embedding_tables, config)['ids'],
+      rtol=1e-6)
+  gradient = tape.gradient(loss, variable)
+  assert isinstance(gradient, tf.IndexedSlices)
+  tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
+      [(gradient, variable)])
+  want = harness.START.copy()
+  for row_ids in harness.IDS:
+    for row in row_ids:
+      want[row] -= 0.5 * harness.COEF / len(row_ids)
+  np.testing.assert_allclose(variable.numpy(), want, rtol=1e-6)
+  saved = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'v0'))
+  assert 'embedding/ids/.ATTRIBUTES/VARIABLE_VALUE' in {
+      name for name, _ in tf.train.list_variables(saved)}
+
+
+MIGRATED_SCRIPT = """
+import numpy as np
+import tensorflow as tf
+
+emb = tf.tpu.experimental.embedding
+table = emb.TableConfig(vocabulary_size=6, dim=2, name='ids',
+                        initializer=tf.constant_initializer(START))
+embedding = emb.TPUEmbedding({'ids': emb.FeatureConfig(table=table)},
+                             emb.Adagrad(0.2, initial_accumulator_value=0.1))
+
+@tf.function
+def step(ids):
+  embedding.enqueue({'ids': ids})
+  with tf.GradientTape() as tape:
+    activations = embedding.dequeue()
+    tape.watch(activations)
+    loss = tf.reduce_sum(activations['ids'] * [1.0, -2.0])
+  embedding.apply_gradients(tape.gradient(loss, activations))
+
+for _ in range(2):
+  step(tf.ragged.constant(IDS, tf.int64))
+print('TYPE', type(embedding).__module__)
+print('TABLE', embedding.embedding_tables[table].numpy().tolist())
+"""
+
+
+def test_a_migrated_script_trains_unchanged_under_tpu_fc_run(tmp_path):
+  script = tmp_path / 'migrated.py'
+  script.write_text('START = {}\nIDS = {}\n'.format(
+      harness.START.tolist(), harness.IDS) + MIGRATED_SCRIPT)
+  result = subprocess.run([sys.executable, '-m', 'tpu_fc', 'run', str(script)],
+                          capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = dict(line.split(' ', 1) for line in result.stdout.splitlines()
+               if line.startswith(('TYPE', 'TABLE')))
+  assert lines['TYPE'] == 'tpu_fc.mid_level'
+  harness.expected_step('mid_level', 'adagrad', steps=2,
+                        num_shards=1).assert_matches(
+                            np.array(eval(lines['TABLE']), np.float32))  # pylint: disable=eval-used
+
+
+def test_install_binds_tf_names_outside_a_tpu_strategy_only():
+  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
+  table = embedding_api.TableConfig(vocabulary_size=3, dim=1)
+  with migration.installed():
+    names = tf.tpu.experimental.embedding
+    built = names.TPUEmbedding(embedding_api.FeatureConfig(table=table),
+                               embedding_api.SGD(0.1))
+    assert type(built) is tpu_fc.mid_level.TPUEmbedding
+    assert isinstance(built, names.TPUEmbedding)
+    assert type(names.TPUEmbeddingV0(embedding_api.FeatureConfig(table=table),
+                                     embedding_api.SGD(0.1))) is (
+                                         tpu_fc.mid_level.TPUEmbeddingV0)
+  assert embedding_api.TPUEmbedding is internals.TFTPUEmbedding
+  with pytest.raises(RuntimeError, match='should be created under TPUStrategy'):
+    embedding_api.TPUEmbeddingV0(embedding_api.FeatureConfig(table=table),
+                                 embedding_api.SGD(0.1))

@@ -4,9 +4,9 @@ The unchanged legacy script of step 0 trains a model under `python -m tpu_fc run
 (emulated TPU).  Every later step must give the same predictions on the same rows
 (within 1e-5): the step-1 estimator, the TF2 forward pass on the checkpoint that
 step 3 converts (with the example and with the page's CLI commands), and both
-SavedModels of step 5.  The TF2 loop of step 4 must continue training exactly as
-the estimator does, and its checkpoint must convert back into one the estimator
-predicts the same from.  On the legacy lane, TF 2.15's own TPUEstimator runs the
+SavedModels of step 5.  The TF2 loop of step 4 (tpu_fc's mid-level
+`TPUEmbedding`) must continue training as the estimator does, to float32
+rounding, and its checkpoint must convert back into the estimator's variables.  On the legacy lane, TF 2.15's own TPUEstimator runs the
 step-0 script under plain python and predicts the same from the same checkpoint.
 """
 import json
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tpu_fc import __main__ as cli
+from tpu_fc import migration
 from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
@@ -31,12 +32,20 @@ sys.path.insert(0, EXAMPLES)
 import step1_train  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import step2_mid_level_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import step3_convert_checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-import step4_tf2_loop  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-import step5_serve  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+# Step 4 calls `tpu_fc.install()` on import (step 5 imports it); bound here for
+# the import only, so the other test modules of the session see TF's names.
+with migration.installed():
+  import step4_tf2_loop  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+  import step5_serve  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 TRAIN_STEPS = 20
 MORE_STEPS = 5
 ATOL = 1e-5
+# The step-4 loop trains with the estimator's embedding engine (same lookups,
+# same Adagrad); only the dense layers' gradients are another float32 graph, a
+# few ulps apart (observed: 2 ulps of a probability, 1e-7 of a variable).
+LOOP_ATOL = 1e-6
+LOOP_VARIABLES_RTOL, LOOP_VARIABLES_ATOL = 1e-6, 1e-7
 SPEC_REFERENCE = os.path.join(EXAMPLES, 'step1_train.py') + ':embedding_config_spec'
 
 
@@ -51,6 +60,14 @@ def run_example(*args):
   process = subprocess.run([sys.executable] + list(args), cwd=EXAMPLES, env=env,
                            capture_output=True, text=True, timeout=300)
   assert process.returncode == 0, process.stderr[-3000:]
+
+
+@pytest.fixture(name='installed')
+def _installed():
+  """`tf.tpu.experimental.embedding.TPUEmbedding` is tpu_fc's, as when step 4
+  runs as a script (its `tpu_fc.install()`)."""
+  with migration.installed():
+    yield
 
 
 @pytest.fixture(name='work_dir', scope='module')
@@ -161,6 +178,19 @@ def _checkpoint_values(prefix):
           if name != '_CHECKPOINTABLE_OBJECT_GRAPH'}
 
 
+def assert_same_variables(actual_prefix, expected_prefix, rtol=0, atol=0):
+  """The two checkpoints hold the same names, floats within rtol / atol."""
+  actual = _checkpoint_values(actual_prefix)
+  expected = _checkpoint_values(expected_prefix)
+  assert sorted(actual) == sorted(expected)
+  for name, value in expected.items():
+    if np.asarray(value).dtype.kind == 'f':
+      np.testing.assert_allclose(actual[name], value, rtol=rtol, atol=atol,
+                                 err_msg=name)
+    else:
+      np.testing.assert_array_equal(actual[name], value, err_msg=name)
+
+
 def test_step3_example_and_cli_convert_alike(converted, capsys):
   by_example, by_cli = converted
   example_values = _checkpoint_values(by_example)
@@ -183,6 +213,7 @@ def test_step3_example_and_cli_convert_alike(converted, capsys):
       name: variable.shape.as_list() for name, variable in dense.items()}
 
 
+@pytest.mark.usefixtures('installed')
 def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
   _, predictions = trained
   for prefix in converted:
@@ -190,6 +221,7 @@ def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
                             predictions)
 
 
+@pytest.mark.usefixtures('installed')
 def test_step4_loop_trains_as_the_estimator_and_converts_back(
     trained, converted, work_dir):
   model_dir, predictions = trained
@@ -204,18 +236,32 @@ def test_step4_loop_trains_as_the_estimator_and_converts_back(
   after_estimator = step1_train.main([
       '--model_dir', estimator_dir,
       '--train_steps', str(TRAIN_STEPS + MORE_STEPS)])
-  assert_same_predictions(after_tf2_loop, after_estimator)
+  np.testing.assert_allclose(after_tf2_loop, after_estimator, rtol=0,
+                             atol=LOOP_ATOL)
 
   back_dir = str(work_dir / 'back_to_legacy')
   cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', SPEC_REFERENCE,
             tf2_dir, back_dir])
   assert tf.train.latest_checkpoint(back_dir).endswith(
       'model.ckpt-{}'.format(TRAIN_STEPS + MORE_STEPS))
+  # Tables, Adagrad accumulators and dense layers: the estimator's.
+  assert_same_variables(tf.train.latest_checkpoint(back_dir),
+                        tf.train.latest_checkpoint(estimator_dir),
+                        rtol=LOOP_VARIABLES_RTOL, atol=LOOP_VARIABLES_ATOL)
   assert_same_predictions(
       step1_train.main(['--model_dir', back_dir, '--train_steps', '0']),
       after_tf2_loop)
 
+  # Run as a plain script, step 4 installs tpu_fc's TPUEmbedding itself and
+  # trains exactly as imported.
+  script_dir = str(work_dir / 'tf2_by_script')
+  run_example('step4_tf2_loop.py', '--checkpoint', converted[0],
+              '--train_steps', str(MORE_STEPS), '--save_dir', script_dir)
+  assert_same_variables(tf.train.latest_checkpoint(script_dir),
+                        tf.train.latest_checkpoint(tf2_dir))
 
+
+@pytest.mark.usefixtures('installed')
 def test_step5_both_saved_models_serve_the_same(trained, converted, work_dir):
   model_dir, predictions = trained
   served = step5_serve.main(['--model_dir', model_dir,

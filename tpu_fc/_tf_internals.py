@@ -23,6 +23,9 @@ from tensorflow.python.saved_model.model_utils import export_output
 from tensorflow.python.saved_model.model_utils import export_utils
 from tensorflow.python.tpu import feature_column as tpu_fc_v1
 from tensorflow.python.tpu import feature_column_v2 as tpu_fc_v2
+from tensorflow.python.tpu import tpu_embedding_base
+from tensorflow.python.tpu import tpu_embedding_v1
+from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
@@ -165,6 +168,12 @@ MidLevelOptimizer = tpu_embedding_v2_utils._Optimizer
 # children, created through `_add_variable_with_custom_getter` (restore on
 # creation).
 AutoTrackable = autotrackable.AutoTrackable
+# TF's own mid-level classes, whatever `install()` bound to their public names.
+TFTPUEmbedding = tpu_embedding_v2.TPUEmbedding
+TFTPUEmbeddingV0 = tpu_embedding_v1.TPUEmbeddingV0
+# The base of TF's `TPUEmbeddingV0`, whose constructor alone requires a
+# `TPUStrategy` (tpu_fc's V0 runs TF's class without it).
+TPUEmbeddingBase = tpu_embedding_base.TPUEmbeddingBase
 # Feature paths as the mid-level API names them in its error texts ('a/b').
 flatten_with_joined_string_paths = nest.flatten_with_joined_string_paths
 

@@ -1,4 +1,5 @@
-"""`tf.tpu.experimental.embedding.TPUEmbedding` for migrated TF2 code, without a TPU.
+"""`tf.tpu.experimental.embedding.TPUEmbedding` and `TPUEmbeddingV0` for
+migrated TF2 code, without a TPU.
 
 TF's own class trains only under a `TPUStrategy`; outside one it only serves.
 This one keeps its constructor, methods, error texts and checkpoint (a child
@@ -11,6 +12,10 @@ laptop.
 
 One step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or within one
 `tf.function`, as on a TPU; the gradients are d(loss)/d(activations).
+
+`TPUEmbeddingV0` (tensor-core tables, trained by the model's own optimizer) is
+TF's own class, allowed outside a `TPUStrategy`: its lookup already runs on a
+CPU, and its tables get row (`IndexedSlices`) gradients.
 """
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
@@ -86,6 +91,11 @@ def _weight_values(path, weight, value, feature):
   return tf.cast(weight.values, tf.float32)
 
 
+# The engine builds its ops with explicit tf.cond: AutoGraph converting its
+# ~130 functions made a traced step 10x slower to build (7 s vs 0.6 s).
+_not_autographed = tf.autograph.experimental.do_not_convert
+
+
 class TPUEmbedding(internals.AutoTrackable):
   """TF's `tf.tpu.experimental.embedding.TPUEmbedding`, trained on the host.
 
@@ -96,11 +106,23 @@ class TPUEmbedding(internals.AutoTrackable):
 
   def __init__(self, feature_config, optimizer,
                pipeline_execution_with_tensor_core=False, num_cores=1):
+    if pipeline_execution_with_tensor_core:
+      raise NotImplementedError(
+          'tpu_fc.mid_level.TPUEmbedding does not emulate '
+          'pipeline_execution_with_tensor_core=True yet; pass False (each '
+          'update then lands one step earlier than on a TPU).')
+    for path, feature in internals.flatten_with_joined_string_paths(
+        feature_config):
+      if feature.output_shape:
+        raise NotImplementedError(
+            'Feature {}: tpu_fc.mid_level.TPUEmbedding does not support '
+            'FeatureConfig.output_shape ({}) yet; leave it unset (activations '
+            'are [batch, dim], or [batch, max_sequence_length, dim]) and '
+            'reshape them in the model.'.format(path, feature.output_shape))
     self._feature_config = feature_config
     self._table_config = _table_configs(feature_config, optimizer)
     self._paths = [path for path, _ in
                    internals.flatten_with_joined_string_paths(feature_config)]
-    self._pipelined = pipeline_execution_with_tensor_core
     if not isinstance(num_cores, int) or num_cores < 1:
       raise ValueError('num_cores must be a positive int, got {!r}.'.format(
           num_cores))
@@ -168,6 +190,7 @@ class TPUEmbedding(internals.AutoTrackable):
 
   # One step --------------------------------------------------------------------
 
+  @_not_autographed
   def enqueue(self, features, weights=None, training=True, name=None,
               device=None):
     """Looks up `features` (the structure of the feature config)."""
@@ -202,6 +225,7 @@ class TPUEmbedding(internals.AutoTrackable):
         value = tf.identity(value)
     return tf.stop_gradient(value)
 
+  @_not_autographed
   def dequeue(self, name=None):
     """The activations of the last `enqueue` (the feature config's structure)."""
     del name
@@ -209,6 +233,7 @@ class TPUEmbedding(internals.AutoTrackable):
     return tf.nest.pack_sequence_as(
         self._feature_config, [step.activations[path] for path in self._paths])
 
+  @_not_autographed
   def apply_gradients(self, gradients, name=None):
     """Applies d(loss)/d(activations) to the tables with the TPU update rules."""
     del name
@@ -235,8 +260,7 @@ class TPUEmbedding(internals.AutoTrackable):
         raise ValueError('Found gradient of shape {} at path {}. Expected '
                          'shape {}.'.format(gradient.shape, path, expected))
       given[path] = tf.cast(gradient, tf.float32)
-    return self._engine.apply_gradients(pipelined=self._pipelined,
-                                        activation_gradients=given)
+    return self._engine.apply_gradients(activation_gradients=given)
 
   def _current_step(self, method):
     if not self._built:
@@ -268,3 +292,47 @@ def _graph():
   if tf.executing_eagerly():
     return None
   return tf.compat.v1.get_default_graph()
+
+
+class TPUEmbeddingV0(internals.TFTPUEmbeddingV0):
+  """TF's `tf.tpu.experimental.embedding.TPUEmbeddingV0`, outside a
+  `TPUStrategy` too: `__call__` / `embedding_lookup(features, weights=None)`,
+  `embedding_tables`, `build`, TF's checkpoint."""
+
+  def __init__(self, feature_config, optimizer):  # pylint: disable=super-init-not-called
+    # TF's constructor minus its TPUStrategy check; the rest is TF's.
+    internals.TPUEmbeddingBase.__init__(self, feature_config, optimizer)
+    self._strategy = tf.distribute.get_strategy()
+    self._built = False
+
+
+def _under_tpu_strategy():
+  return isinstance(tf.distribute.get_strategy(),
+                    (tf.distribute.TPUStrategy,
+                     tf.distribute.experimental.TPUStrategy))
+
+
+class _OutsideTPUStrategy(type):
+  """Metaclass of the names `install()` binds: TF's class under a
+  `TPUStrategy`, tpu_fc's elsewhere; an instance of either is an instance."""
+
+  def __call__(cls, *args, **kwargs):
+    target = cls.tf_class if _under_tpu_strategy() else cls.tpu_fc_class
+    return target(*args, **kwargs)
+
+  def __instancecheck__(cls, instance):
+    return isinstance(instance, (cls.tf_class, cls.tpu_fc_class))
+
+  def __subclasscheck__(cls, subclass):
+    return issubclass(subclass, (cls.tf_class, cls.tpu_fc_class))
+
+
+def installable_classes():
+  """{public name: class} for `tf.tpu.experimental.embedding` (`install()`)."""
+  return {
+      tf_class.__name__: _OutsideTPUStrategy(tf_class.__name__, (), dict(
+          tf_class=tf_class, tpu_fc_class=ours, __module__=__name__,
+          __doc__='{} under a TPUStrategy, else tpu_fc.mid_level.{}.'.format(
+              tf_class.__name__, ours.__name__)))
+      for tf_class, ours in ((internals.TFTPUEmbedding, TPUEmbedding),
+                             (internals.TFTPUEmbeddingV0, TPUEmbeddingV0))}

@@ -3,7 +3,8 @@
 After `install()`, `tf.compat.v1.tpu.experimental.embedding_column`, the `*Parameters`
 classes, `tf.compat.v1.estimator.tpu.*`, `tf.estimator.tpu.experimental.
 EmbeddingConfigSpec`, `tf.estimator.ModeKeys`, ... are tpu_fc's, on TF 2.15 and on TF
-versions without `tf.estimator`.  Estimator namespaces are replaced by namespaces that
+versions without `tf.estimator`; so are `tf.tpu.experimental.embedding.TPUEmbedding`
+and `TPUEmbeddingV0` when created outside a `TPUStrategy` (migrated TF2 scripts).  Estimator namespaces are replaced by namespaces that
 hold tpu_fc's names and defer every other name to the namespace they replace (on TF
 2.15 that is tensorflow_estimator, imported only if the script asks for such a name).
 Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
@@ -169,6 +170,14 @@ def _api_modules():
   return list({id(m): m for m in modules}.values())
 
 
+def _mid_level_modules():
+  """Every TF API module `tpu.experimental.embedding` (distinct per API)."""
+  modules = [api.tpu.experimental.embedding for api in _api_modules()
+             if hasattr(getattr(getattr(api, 'tpu', None), 'experimental',
+                                None), 'embedding')]
+  return list({id(m): m for m in modules}.values())
+
+
 def _bind(owner, name, value):
   had = name in owner.__dict__
   _bindings.append((owner, name, had, owner.__dict__.get(name)))
@@ -199,6 +208,10 @@ def install():
   for api in _api_modules():
     _bind(api, 'estimator', _estimator_namespace(
         api.__name__ + '.estimator', _existing(api, 'estimator')))
+  from tpu_fc import mid_level  # pylint: disable=g-import-not-at-top  (needs the engine)
+  for module in _mid_level_modules():
+    for name, cls in mid_level.installable_classes().items():
+      _bind(module, name, cls)
   try:
     importlib.import_module(_LEGACY_EMBEDDING_MODULE)
   except ImportError:

@@ -1,15 +1,16 @@
 """Step 4: the model as a TF2 program on the mid-level API, without TPUEstimator.
 
-The CPU form of the migrated model (`migration_guide/step4_tf2_training_loop.md`
-shows the TPU form): `TPUEmbeddingForServing` holds the tables and the Adagrad
-accumulators, `DenseModel` the layers the model_fn built after `DenseFeatures`.
-Both are restored from the checkpoint converted in step 3 (`embedding` and the
-`dense` dict, keyed by legacy variable names), trained with `tf.GradientTape`
-for `--train_steps` steps on the training data of step 1 (tables with the TPU's
-Adagrad rule, dense layers with plain SGD, as the legacy model_fn and spec did)
-and saved in the same layout (`--save_dir`), which
-`python -m tpu_fc convert-checkpoint --to legacy` turns back into a TPUEstimator
-checkpoint.
+The migrated model as it runs on a TPU, run here on the CPU
+(`migration_guide/step4_tf2_training_loop.md` shows what changes on a TPU):
+`tf.tpu.experimental.embedding.TPUEmbedding` holds the tables and their Adagrad
+slots, `DenseModel` the layers the model_fn built after `DenseFeatures`.  Both
+are restored from the checkpoint converted in step 3 (`embedding` and the
+`dense` dict, keyed by legacy variable names), trained for `--train_steps`
+steps on the training data of step 1 (enqueue, dequeue, `tf.GradientTape`,
+`apply_gradients`: the tables with the configs' Adagrad, the dense layers with
+plain SGD, as the legacy model_fn and spec did) and saved in the same layout
+(`--save_dir`), which `python -m tpu_fc convert-checkpoint --to legacy` turns
+back into a TPUEstimator checkpoint.
 
     python step4_tf2_loop.py --checkpoint MID_LEVEL_DIR --train_steps 10 \
         --save_dir TF2_DIR
@@ -18,11 +19,17 @@ import argparse
 
 import numpy as np
 
-import tpu_fc  # noqa: F401  (before tensorflow: selects tf-keras on TF >= 2.16)
+import tpu_fc  # before tensorflow: selects tf-keras on TF >= 2.16
 import tensorflow as tf
 
 import step1_train
 import step2_mid_level_config
+
+# Outside a TPUStrategy, tf.tpu.experimental.embedding.TPUEmbedding is now
+# tpu_fc's: TF's class with the TPU's lookup and update rules, trained on the
+# CPU (`python -m tpu_fc run` does the same).  On a TPU, drop this line and
+# create the objects under `TPUStrategy.scope()`.
+tpu_fc.install()
 
 HIDDEN_UNITS = 8
 DENSE_LEARNING_RATE = 0.1  # the model_fn's GradientDescentOptimizer
@@ -63,7 +70,7 @@ class MigratedModel:
 
   def __init__(self, checkpoint):
     self.feature_config, optimizer = step2_mid_level_config.mid_level_configs()
-    self.embedding = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+    self.embedding = tf.tpu.experimental.embedding.TPUEmbedding(
         self.feature_config, optimizer)
     self.dense = DenseModel(self.feature_config)
     self.global_step = tf.Variable(0, dtype=tf.int64)
@@ -72,53 +79,42 @@ class MigratedModel:
         global_step=self.global_step,
         # carried along so `convert-checkpoint --to legacy` restores the names
         legacy_table_names=tf.Variable(''))
+    restore = self.checkpoint.read(
+        tf.train.latest_checkpoint(checkpoint) or checkpoint)
+    # Builds the tables and slots, which restore from the checkpoint read above
+    # (deferred restoration, as TF's class); only then can all be asserted.
     self.tables = self.embedding.embedding_tables  # {TableConfig: variable}
-    self.checkpoint.read(
-        tf.train.latest_checkpoint(checkpoint) or checkpoint
-    ).assert_existing_objects_matched()
-    # TPUEmbeddingForServing creates the optimizer's slots as `<table>/<slot>`.
-    children = tf.train.TrackableView(self.embedding).children(self.embedding)
-    self.accumulators = {table: children[table.name + '/accumulators']
-                         for table in self.tables}
+    restore.assert_existing_objects_matched()
 
-  def activations(self, features):
-    inputs = {name: features[name] for name in self.feature_config}
-    weights = {name: features[WEIGHT_KEYS[name]] if name in WEIGHT_KEYS else None
-               for name in self.feature_config}
-    return self.embedding.embedding_lookup(inputs, weights)
+  def enqueue(self, features, training):
+    """Sends the ids (and the tag weights beside them) to the embedding."""
+    self.embedding.enqueue(
+        {name: features[name] for name in self.feature_config},
+        {name: features[WEIGHT_KEYS[name]] if name in WEIGHT_KEYS else None
+         for name in self.feature_config},
+        training=training)
 
   def predict(self, features):
-    return self.dense(self.activations(features))['probability']
+    self.enqueue(features, training=False)
+    return self.dense(self.embedding.dequeue())['probability']
 
   @tf.function
   def train_step(self, features, labels):
-    tables = list(self.tables)
+    self.enqueue(features, training=True)
     with tf.GradientTape() as tape:
-      logits = self.dense.logits(self.activations(features))
+      activations = self.embedding.dequeue()
+      tape.watch(activations)  # the tables are not on the tape, as on a TPU
+      logits = self.dense.logits(activations)
       loss = tf.reduce_mean(
           tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
-    dense_gradients, table_gradients = tape.gradient(
-        loss, (self.dense.trainable_variables,
-               [self.tables[table] for table in tables]))
+    dense_gradients, activation_gradients = tape.gradient(
+        loss, (self.dense.trainable_variables, activations))
     for variable, gradient in zip(self.dense.trainable_variables,
                                   dense_gradients):
       variable.assign_sub(DENSE_LEARNING_RATE * gradient)
-    for table, gradient in zip(tables, table_gradients):
-      apply_tpu_adagrad(self.tables[table], self.accumulators[table], gradient,
-                        table.optimizer.learning_rate)
+    self.embedding.apply_gradients(activation_gradients)  # the configs' Adagrad
     self.global_step.assign_add(1)
     return loss
-
-
-def apply_tpu_adagrad(table, accumulator, gradient, learning_rate):
-  """The TPU embedding Adagrad update: duplicate ids summed, only their rows touched."""
-  ids, positions = tf.unique(gradient.indices)
-  row_gradients = tf.math.unsorted_segment_sum(gradient.values, positions,
-                                               tf.size(ids))
-  accumulator.scatter_add(tf.IndexedSlices(tf.square(row_gradients), ids))
-  table.scatter_sub(tf.IndexedSlices(
-      learning_rate * row_gradients * tf.math.rsqrt(tf.gather(accumulator, ids)),
-      ids))
 
 
 def main(argv=None):
