@@ -8,6 +8,8 @@ on the emulated TPU: `CrossShardOptimizer` averages over the shards, as on a
 TPU).  `expected_step` derives the tables from `tpu_fc.reference` with the
 float32 error bound of `helpers.ReferenceSteps`.
 """
+import tempfile
+
 import numpy as np
 
 import helpers
@@ -83,11 +85,20 @@ def input_fn_of(kind):
   return input_fn
 
 
-def model_fn_of(model_optimizer, driver=tpu_fc):
+def loss_of(activation, squared=False):
+  """The model's loss: sum(activation * COEF), whose gradient is known; or
+  sum(activation² * COEF) / 2, whose gradient is the activation's (it sees
+  which rows a lookup read: pipelined execution)."""
+  if squared:
+    return tf.reduce_sum(activation * activation * COEF) / 2
+  return tf.reduce_sum(activation * COEF)
+
+
+def model_fn_of(model_optimizer, driver=tpu_fc, squared=False):
   def model_fn(features, labels, mode, params):
     del labels
     net = tf.compat.v1.keras.layers.DenseFeatures([params['column']])(features)
-    loss = tf.reduce_sum(net * COEF)
+    loss = loss_of(net, squared)
     optimizer = model_optimizer()
     if params['use_tpu']:
       optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
@@ -110,7 +121,8 @@ def tf_estimator(model_dir, optimizer_name):
           num_shards=NUM_SHARDS, iterations_per_loop=2)))
 
 
-def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS):
+def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
+              pipelined=False, squared=False):
   """The estimator of `path`, its table trained by `optimizer_name`'s rule."""
   col = column(path)
   model_optimizer = MODEL_OPTIMIZERS.get(
@@ -119,9 +131,11 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS):
   if path != 'cpu':
     spec = tpu_fc.EmbeddingConfigSpec(
         feature_columns=[col], optimization_parameters=EMBEDDING_OPTIMIZERS[
-            optimizer_name if path == 'embedding_core' else 'sgd'])
+            optimizer_name if path == 'embedding_core' else 'sgd'],
+        pipeline_execution_with_tensor_core=pipelined)
   return tpu_fc.TPUEstimator(
-      model_fn=model_fn_of(model_optimizer), use_tpu=path != 'cpu',
+      model_fn=model_fn_of(model_optimizer, squared=squared),
+      use_tpu=path != 'cpu',
       train_batch_size=len(IDS), params={'column': col},
       config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=(
           # (one core is num_shards=None: TF refuses 1 with embedding tables)
@@ -134,7 +148,7 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS):
 MID_LEVEL_OPTIMIZERS = ('adagrad', 'adam', 'adam_non_lazy', 'ftrl', 'sgd')
 
 
-def mid_level_embedding(optimizer_name, num_cores):
+def mid_level_embedding(optimizer_name, num_cores, pipelined=False):
   """`tpu_fc.mid_level.TPUEmbedding` of the migrated model: one table 'ids'
   (the column's), trained by `optimizer_name`'s mid-level twin."""
   table = tf.tpu.experimental.embedding.TableConfig(
@@ -142,10 +156,12 @@ def mid_level_embedding(optimizer_name, num_cores):
       initializer=tf.constant_initializer(START))
   return tpu_fc.mid_level.TPUEmbedding(
       {'ids': tf.tpu.experimental.embedding.FeatureConfig(table=table)},
-      EMBEDDING_OPTIMIZERS[optimizer_name].to_mid_level(), num_cores=num_cores)
+      EMBEDDING_OPTIMIZERS[optimizer_name].to_mid_level(),
+      pipeline_execution_with_tensor_core=pipelined, num_cores=num_cores)
 
 
-def mid_level_train(embedding, kind, steps, num_cores, function=True):
+def mid_level_train(embedding, kind, steps, num_cores, function=True,
+                    squared=False):
   """The migrated training loop: `steps` steps of the model's loss on IDS as
   `kind`, its gradient scaled as `CrossShardOptimizer` scales each core's."""
 
@@ -154,12 +170,16 @@ def mid_level_train(embedding, kind, steps, num_cores, function=True):
     with tf.GradientTape() as tape:
       activations = embedding.dequeue()
       tape.watch(activations)
-      loss = tf.reduce_sum(activations['ids'] * COEF) / num_cores
+      loss = loss_of(activations['ids'], squared) / num_cores
     embedding.apply_gradients(tape.gradient(loss, activations))
 
   step = tf.function(step) if function else step
   for _ in range(steps):
     step()
+  with tempfile.TemporaryDirectory() as directory:
+    # As a checkpoint holds them (a saved checkpoint gets the update a
+    # pipelined step parked for the next lookup).
+    tf.train.Checkpoint(embedding=embedding).save(directory + '/ckpt')
   table = embedding.embedding_tables
   variables = embedding._variables['ids']  # pylint: disable=protected-access
   return (next(iter(table.values())).numpy(),

@@ -101,16 +101,14 @@ class TPUEmbedding(internals.AutoTrackable):
 
   Args as TF's, plus `num_cores`: the TPU cores to emulate (the batch is split
   over them as `TPUStrategy` would; an id's per-core gradients are applied
-  one core after another, the core holding the id first).
+  one core after another, the core holding the id first).  With
+  `pipeline_execution_with_tensor_core`, as on a TPU, step N+1 looks up before
+  step N's update lands (it is applied right after that lookup); a checkpoint
+  save applies a parked update first.
   """
 
   def __init__(self, feature_config, optimizer,
                pipeline_execution_with_tensor_core=False, num_cores=1):
-    if pipeline_execution_with_tensor_core:
-      raise NotImplementedError(
-          'tpu_fc.mid_level.TPUEmbedding does not emulate '
-          'pipeline_execution_with_tensor_core=True yet; pass False (each '
-          'update then lands one step earlier than on a TPU).')
     for path, feature in internals.flatten_with_joined_string_paths(
         feature_config):
       if feature.output_shape:
@@ -120,6 +118,8 @@ class TPUEmbedding(internals.AutoTrackable):
             'are [batch, dim], or [batch, max_sequence_length, dim]) and '
             'reshape them in the model.'.format(path, feature.output_shape))
     self._feature_config = feature_config
+    self._pipelined = pipeline_execution_with_tensor_core
+    self._parked = False  # a pipelined update waits for the next lookup
     self._table_config = _table_configs(feature_config, optimizer)
     self._paths = [path for path, _ in
                    internals.flatten_with_joined_string_paths(feature_config)]
@@ -260,7 +260,17 @@ class TPUEmbedding(internals.AutoTrackable):
         raise ValueError('Found gradient of shape {} at path {}. Expected '
                          'shape {}.'.format(gradient.shape, path, expected))
       given[path] = tf.cast(gradient, tf.float32)
-    return self._engine.apply_gradients(activation_gradients=given)
+    self._parked = self._pipelined
+    return self._engine.apply_gradients(pipelined=self._pipelined,
+                                        activation_gradients=given)
+
+  def _trackable_children(self, *args, **kwargs):
+    """The tables and slots; a checkpoint first gets the parked update of
+    pipelined execution (on a TPU it is in flight, not lost)."""
+    if self._parked and tf.executing_eagerly():
+      self._engine.flush_op()
+      self._parked = False
+    return super()._trackable_children(*args, **kwargs)
 
   def _current_step(self, method):
     if not self._built:
