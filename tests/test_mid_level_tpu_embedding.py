@@ -447,3 +447,37 @@ def test_install_binds_tf_names_outside_a_tpu_strategy_only():
   with pytest.raises(RuntimeError, match='should be created under TPUStrategy'):
     embedding_api.TPUEmbeddingV0(embedding_api.FeatureConfig(table=table),
                                  embedding_api.SGD(0.1))
+
+
+def _device_types(op_type):
+  from tensorflow.python.framework import kernels  # pylint: disable=g-import-not-at-top
+  return {kernel.device_type
+          for kernel in kernels.get_registered_kernels_for_op(op_type).kernel}
+
+
+@pytest.mark.skipif('GPU' not in _device_types('MatMul'),
+                    reason='this TF build registers no GPU kernels')
+def test_every_op_of_a_training_step_has_a_gpu_kernel():
+  """What can run on a GPU, read from this TF build's kernel registry (there
+  is no GPU here): every op of a traced step, but the formatting of a failed
+  input check's message, which soft placement puts on the host."""
+  embedding = harness.mid_level_embedding('adam', 2)
+
+  def step(ids):
+    embedding.enqueue({'ids': ids})
+    with tf.GradientTape() as tape:
+      activations = embedding.dequeue()
+      tape.watch(activations)
+      loss = harness.loss_of(activations['ids'])
+    embedding.apply_gradients(tape.gradient(loss, activations))
+
+  graph = tf.function(step).get_concrete_function(
+      harness.ids_feature('sparse')).graph
+  op_types = {op.type for op in graph.get_operations()}
+  for function in graph._functions.values():  # pylint: disable=protected-access
+    op_types |= {node.op for node in function.definition.node_def}
+  assert {'Unique', 'UnsortedSegmentSum', 'ResourceScatterUpdate',
+          'DynamicPartition'} <= op_types  # the engine's step is in there
+  host_only = {op_type for op_type in op_types
+               if not _device_types(op_type) & {'GPU', 'DEFAULT'}}
+  assert host_only == {'StringFormat'}, host_only
