@@ -29,7 +29,6 @@ from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
-from tensorflow.python.trackable import autotrackable
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import training_util
@@ -164,15 +163,12 @@ tpu_shard_context = tpu_function.tpu_shard_context
 tpu_ops_module = tpu_ops
 # The mid-level API's optimizer base class.
 MidLevelOptimizer = tpu_embedding_v2_utils._Optimizer
-# The mid-level `TPUEmbedding`'s base class: its variables are its checkpoint
-# children, created through `_add_variable_with_custom_getter` (restore on
-# creation).
-AutoTrackable = autotrackable.AutoTrackable
 # TF's own mid-level classes, whatever `install()` bound to their public names.
 TFTPUEmbedding = tpu_embedding_v2.TPUEmbedding
 TFTPUEmbeddingV0 = tpu_embedding_v1.TPUEmbeddingV0
-# The base of TF's `TPUEmbeddingV0`, whose constructor alone requires a
-# `TPUStrategy` (tpu_fc's V0 runs TF's class without it).
+# The base of TF's mid-level `TPUEmbeddingV0` (whose constructor alone requires
+# a `TPUStrategy`; tpu_fc's V0 runs TF's class without it) and of tpu_fc's
+# `TPUEmbedding`: config checks, table names, variables as TF creates them.
 TPUEmbeddingBase = tpu_embedding_base.TPUEmbeddingBase
 # Feature paths as the mid-level API names them in its error texts ('a/b').
 flatten_with_joined_string_paths = nest.flatten_with_joined_string_paths

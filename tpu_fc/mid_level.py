@@ -23,32 +23,6 @@ from tpu_fc._tf import tf
 from tpu_fc.lookup import embedding_core
 
 
-def _table_configs(feature_config, optimizer):
-  """The tables in order of first use, named and given the default optimizer
-  as TF's class does (it sets both on the user's `TableConfig`s)."""
-  tables = []
-  for feature in tf.nest.flatten(feature_config):
-    if feature.table not in tables:
-      tables.append(feature.table)
-  names = []
-  for index, table in enumerate(tables):
-    if table.optimizer is None:
-      table.optimizer = optimizer
-    if (table.optimizer is not None and
-        not isinstance(table.optimizer, internals.MidLevelOptimizer)):
-      raise ValueError('{} is an unsupported optimizer class. Please pass an '
-                       'instance of one of the optimizer classes under '
-                       'tf.tpu.experimental.embedding.'.format(
-                           type(table.optimizer)))
-    if table.name is None:
-      table.name = 'table_{}'.format(index)
-    if table.name in names:
-      raise ValueError('Tables must have a unique name. Multiple tables with '
-                       'name {} found.'.format(table.name))
-    names.append(table.name)
-  return tables
-
-
 def _as_ids(path, value, feature):
   """A feature's input as the engine takes it: dense ids one per example."""
   if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
@@ -96,8 +70,12 @@ def _weight_values(path, weight, value, feature):
 _not_autographed = tf.autograph.experimental.do_not_convert
 
 
-class TPUEmbedding(internals.AutoTrackable):
+class TPUEmbedding(internals.TPUEmbeddingBase):
   """TF's `tf.tpu.experimental.embedding.TPUEmbedding`, trained on the host.
+
+  TF's base class of its mid-level APIs checks the configs, names the tables
+  and creates the variables as TF's own `TPUEmbedding` does (restored on
+  creation from a checkpoint read before `build`).
 
   Args as TF's, plus `num_cores`: the TPU cores to emulate (the batch is split
   over them as `TPUStrategy` would; an id's per-core gradients are applied
@@ -109,29 +87,25 @@ class TPUEmbedding(internals.AutoTrackable):
 
   def __init__(self, feature_config, optimizer,
                pipeline_execution_with_tensor_core=False, num_cores=1):
-    for path, feature in internals.flatten_with_joined_string_paths(
-        feature_config):
+    named = internals.flatten_with_joined_string_paths(feature_config)
+    for path, feature in named:
       if feature.output_shape:
         raise NotImplementedError(
             'Feature {}: tpu_fc.mid_level.TPUEmbedding does not support '
             'FeatureConfig.output_shape ({}) yet; leave it unset (activations '
             'are [batch, dim], or [batch, max_sequence_length, dim]) and '
             'reshape them in the model.'.format(path, feature.output_shape))
-    self._feature_config = feature_config
+    super().__init__(feature_config, optimizer)
     self._pipelined = pipeline_execution_with_tensor_core
     self._parked = False  # a pipelined update waits for the next lookup
-    self._table_config = _table_configs(feature_config, optimizer)
-    self._paths = [path for path, _ in
-                   internals.flatten_with_joined_string_paths(feature_config)]
+    self._paths = [path for path, _ in named]
     if not isinstance(num_cores, int) or num_cores < 1:
       raise ValueError('num_cores must be a positive int, got {!r}.'.format(
           num_cores))
     self._num_cores = num_cores
     self._engine = embedding_core.HostEmbeddingEngine(
-        spec_lib.layout_of_mid_level(
-            dict(zip(self._paths, tf.nest.flatten(feature_config)))),
+        spec_lib.layout_of_mid_level(dict(named)),
         optimization_parameters=None)
-    self._built = False
     self._step = None  # what enqueue looked up, for dequeue / apply_gradients
 
   # Variables -------------------------------------------------------------------
@@ -141,45 +115,20 @@ class TPUEmbedding(internals.AutoTrackable):
     del per_replica_input_shapes, per_replica_batch_size  # shapes come per step
     if self._built:
       return
-    self._variables = {table.name: self._create_variables(table)
-                       for table in self._table_config}
+    super().build()
     self._engine.use_variables(
         {name: v['parameters'] for name, v in self._variables.items()},
         {name: {slot: var for slot, var in v.items() if slot != 'parameters'}
          for name, v in self._variables.items()})
-    self._built = True
 
   def _maybe_build(self):
     if not self._built:
       with tf.init_scope():  # variables outside any tf.function being traced
         self.build()
 
-  def _create_variables(self, table):
-    """`{'parameters': table, slot name: slot}` as TF's class creates them."""
-    shape = (table.vocabulary_size, table.dim)
-
-    def getter(name, shape, dtype, initializer, trainable):
-      del shape  # (cleared sometimes by the custom-getter path, as TF notes)
-      return tf.Variable(
-          name=name, shape=table_shape, dtype=dtype, trainable=trainable,
-          initial_value=lambda: initializer(table_shape, dtype=dtype))
-
-    table_shape = shape
-
-    def create(name, initializer, trainable=True):
-      # Restores from a checkpoint read before build, as TF's class does.
-      return self._add_variable_with_custom_getter(
-          name=name, initializer=initializer, shape=shape, dtype=tf.float32,
-          getter=getter, trainable=trainable)
-
-    parameters = create(table.name, table.initializer)
-    slots = {}
-    if table.optimizer is not None:
-      slots = table.optimizer._create_slots(  # pylint: disable=protected-access
-          parameters, lambda name, init: create(table.name + '/' + name, init,
-                                                False))
-    slots['parameters'] = parameters
-    return slots
+  def _create_variables_and_slots(self):
+    return {table.name: self._create_variables(table, trainable=True)
+            for table in self._table_config}
 
   @property
   def embedding_tables(self):

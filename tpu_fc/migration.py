@@ -4,9 +4,10 @@ After `install()`, `tf.compat.v1.tpu.experimental.embedding_column`, the `*Param
 classes, `tf.compat.v1.estimator.tpu.*`, `tf.estimator.tpu.experimental.
 EmbeddingConfigSpec`, `tf.estimator.ModeKeys`, ... are tpu_fc's, on TF 2.15 and on TF
 versions without `tf.estimator`; so are `tf.tpu.experimental.embedding.TPUEmbedding`
-and `TPUEmbeddingV0` when created outside a `TPUStrategy` (migrated TF2 scripts).  Estimator namespaces are replaced by namespaces that
-hold tpu_fc's names and defer every other name to the namespace they replace (on TF
-2.15 that is tensorflow_estimator, imported only if the script asks for such a name).
+and `TPUEmbeddingV0` when created outside a `TPUStrategy` (migrated TF2 scripts).
+Estimator namespaces are replaced by namespaces that hold tpu_fc's names and defer
+every other name to the namespace they replace (on TF 2.15 that is
+tensorflow_estimator, imported only if the script asks for such a name).
 Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
 `RunConfig`, `WarmStartSettings`, the session-run hooks) are tpu_fc's only where that
 namespace lacks them; `train_and_evaluate` is tpu_fc's for tpu_fc's estimators and the
@@ -209,8 +210,9 @@ def install():
     _bind(api, 'estimator', _estimator_namespace(
         api.__name__ + '.estimator', _existing(api, 'estimator')))
   from tpu_fc import mid_level  # pylint: disable=g-import-not-at-top  (needs the engine)
+  classes = mid_level.installable_classes()
   for module in _mid_level_modules():
-    for name, cls in mid_level.installable_classes().items():
+    for name, cls in classes.items():
       _bind(module, name, cls)
   try:
     importlib.import_module(_LEGACY_EMBEDDING_MODULE)
