@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 import harness
+import tpu_fc
 from tpu_fc._tf import TF_VERSION
+from tpu_fc.lookup import backends
 
 CASES = [(path, kind, name)
          for path in harness.PATHS for kind in harness.INPUT_KINDS
@@ -65,3 +67,20 @@ def test_the_bound_rejects_a_gradient_0_1_percent_off(tmp_path, monkeypatch,
   with pytest.raises(AssertionError, match='beyond the float32 error bound'):
     harness.expected_step(path, 'adagrad', steps=2).assert_matches(
         estimator.get_variable_value(harness.TABLE))
+
+
+@pytest.mark.parametrize('mode, on_tpu, want', [
+    ('train', True, ['EmbeddingCoreBackend', 'TensorCoreBackend']),
+    ('eval', True, ['EmbeddingCoreBackend', 'TensorCoreBackend']),
+    ('infer', True, ['CpuLookupBackend']),
+    ('train', False, []), ('eval', False, []), ('infer', False, []),
+])
+def test_one_dispatch_picks_the_backends_of_a_mode(mode, on_tpu, want):
+  """The emulated TPU's TRAIN and EVAL graphs look up on the engine and the
+  tensor core; its PREDICT graph and every use_tpu=False graph in the columns."""
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_columns=[harness.column('embedding_core'),
+                       harness.column('tensor_core')],
+      optimization_parameters=harness.EMBEDDING_OPTIMIZERS['sgd'])
+  assert [type(backend).__name__ for backend in
+          backends.backends_for(spec, mode, on_tpu)] == want

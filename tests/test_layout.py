@@ -69,3 +69,11 @@ def test_configs_know_no_backend():
   imports = _part_imports()
   for config in ('tpu_fc.columns', 'tpu_fc.spec', 'tpu_fc.optimizers'):
     assert not imports[config] & {'tpu_fc.lookup', 'tpu_fc.estimator'}, config
+
+
+def test_backends_know_no_driver():
+  """Backends get what the driver has for them as arguments (`aggregate_rows`),
+  and the mode flag they read lives in a module that imports no part."""
+  imports = _part_imports()
+  assert 'tpu_fc.estimator' not in imports['tpu_fc.lookup']
+  assert not imports['tpu_fc.build_context']

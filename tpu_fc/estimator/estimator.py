@@ -39,7 +39,7 @@ from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
 from tpu_fc.estimator.spec import to_estimator_spec
 from tpu_fc import build_context
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import backends as lookup_backends
 from tpu_fc.lookup import tpu_embedding
 
 _BATCH_SIZE_KEY = 'batch_size'
@@ -498,8 +498,9 @@ class TPUEstimator(object):
     def build_predict(features):
       params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
       params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
-      if self._use_tpu:
-        features = self._cut_sequences(features)
+      features = lookup_backends.model_features(
+          self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu), features,
+          None)
       with build_context.building(ModeKeys.PREDICT):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))
@@ -819,6 +820,7 @@ class TPUEstimator(object):
     TRAIN and EVAL emulate the TPU (`tpu_emulation`), and PREDICT looks up on
     the CPU, as TPUEstimator's default lookup device does for inference.
     """
+    backends = self._backends(mode, on_tpu=not self._running_on_cpu(mode))
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
       with build_context.building(mode), replication.one_replica():
@@ -831,7 +833,8 @@ class TPUEstimator(object):
         return tpu_emulation.predict_padded(
             lambda f: to_estimator_spec(self._call_model_fn(
                 f, labels, mode, config, self._params_for(mode, use_tpu=True))),
-            self._cut_sequences(features), self._batch_sizes[mode])
+            lookup_backends.model_features(backends, features, None),
+            self._batch_sizes[mode])
     num_shards = self._num_shards()
     broadcast = (self._config.tpu_config.per_host_input_for_training ==
                  InputPipelineConfig.BROADCAST)
@@ -840,17 +843,16 @@ class TPUEstimator(object):
                               num_shards=1 if broadcast else num_shards)
     return tpu_emulation.build(
         lambda f, l: self._call_model_fn(f, l, mode, config, params),
-        features, labels, mode, self._embedding_config_spec, num_shards,
-        self._batch_sizes[mode], broadcast,
-        distributed.is_parameter_server_cluster(self._config),
+        features, labels, mode, backends, num_shards, self._batch_sizes[mode],
+        broadcast,
         aggregate_rows=sync.aggregate_rows if sync is not None else None)
 
-  def _cut_sequences(self, features):
-    """A TPU model's predict and serving inputs, sequences cut as on the TPU."""
-    if self._embedding_config_spec is None:
-      return features
-    return embedding_core.cut_sequences(
-        features, self._embedding_config_spec.embedding_layout())
+  def _backends(self, mode, on_tpu):
+    """The lookup backends of a `mode` graph: the one dispatch of the driver."""
+    return lookup_backends.backends_for(
+        self._embedding_config_spec, mode, on_tpu,
+        partitioned_tables=distributed.is_parameter_server_cluster(
+            self._config))
 
   def _loop_iterations(self, mode, eval_steps=None):
     """Steps per session.run on the emulated TPU, in an in-graph loop.

@@ -1,8 +1,9 @@
 """`use_tpu=True` without a TPU: one TRAIN or EVAL step as the TPU would run it.
 
-The host embedding engine looks up every embedding-core feature over the global
-batch; tensor-core features are densified with their mask; the model_fn is built
-once per emulated shard on its slice of the batch (`replication`); after it, the
+The spec's lookup backends (`tpu_fc.lookup.backends`) prepare the features over
+the global batch: the host engine looks up every embedding-core feature,
+tensor-core features are densified with their mask; the model_fn is built once
+per emulated shard on its slice of the batch (`replication`); after it, the
 engine applies the captured embedding gradients with the spec's optimizer.
 Checkpoints keep the legacy names: tables and slots under the names the columns
 recorded, dense variables under their own, TPU dummy variables left out.
@@ -18,10 +19,8 @@ from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import replication
 from tpu_fc.estimator import spec as spec_lib
 from tpu_fc import build_context
-from tpu_fc.lookup import embedding_core
-from tpu_fc.lookup import profile
+from tpu_fc.lookup import backends as lookup_backends
 from tpu_fc.lookup import sparse_update
-from tpu_fc.lookup import tensor_core
 
 _logged_once = []
 
@@ -32,23 +31,6 @@ def log_emulation_once():
     tf.compat.v1.logging.warning(
         'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
         'TPU update rules, model_fn per shard).')
-
-
-def _model_features(features, embedding_config_spec, batch_size):
-  """The features the model_fn sees, less the activations added per shard.
-
-  Tensor-core ids and masks get the static `[batch_size, width]` shape TF 2.15
-  gives them.
-  """
-  if embedding_config_spec is None or not isinstance(features, dict):
-    return features  # a lone Tensor (images, say) has no embedding features
-  result = dict(features)
-  for feature in embedding_config_spec.embedding_layout().features:
-    result.pop(feature.name, None)
-    if feature.weight_key:
-      result.pop(feature.weight_key, None)
-  tensor_core_columns = embedding_config_spec.tensor_core_feature_columns or []
-  return tensor_core.densify(result, tensor_core_columns, batch_size)
 
 
 def predict_padded(call_model_fn, features, batch_size):
@@ -242,9 +224,12 @@ def _localize_dummies(graph):
     graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, variable)
 
 
-def _checkpoint_names(engine, graph):
-  """Legacy checkpoint name -> variable: engine tables and slots, dense variables."""
-  names = engine.checkpoint_variables(graph) if engine else {}
+def _checkpoint_names(backends, graph):
+  """Legacy checkpoint name -> variable: the backends' tables and slots, the
+  model's variables under their own names."""
+  names = {}
+  for backend in backends:
+    names.update(backend.checkpoint_variables(graph))
   owned = {id(part) for v in names.values()
            for part in sparse_update.table_parts(v)}
   for variable in tf.compat.v1.global_variables():
@@ -253,9 +238,8 @@ def _checkpoint_names(engine, graph):
   return names
 
 
-def build(call_model_fn, features, labels, mode, embedding_config_spec,
-          num_shards, batch_size, broadcast=False, partitioned_tables=False,
-          aggregate_rows=None):
+def build(call_model_fn, features, labels, mode, backends, num_shards,
+          batch_size, broadcast=False, aggregate_rows=None):
   """The EstimatorSpec of an emulated TPU TRAIN or EVAL step.
 
   Args:
@@ -264,31 +248,26 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     features, labels: the global batch from input_fn.  Like TPUEstimator,
       raises unless what the model_fn receives has static shapes.
     mode: ModeKeys.TRAIN or ModeKeys.EVAL.
-    embedding_config_spec: the `EmbeddingConfigSpec`, or None.
+    backends: the spec's lookup backends (`lookup.backends.backends_for`).
     num_shards: emulated TPU cores.
     batch_size: the mode's global batch size (TPUEstimator's train or eval
       batch size), the static batch of the activations, lengths and masks.
     broadcast: `InputPipelineConfig.BROADCAST`: every shard gets the whole
       batch (TPUEstimator refuses it with embedding features).
-    partitioned_tables: the tables are split over parameter servers; they keep
-      the engine's names (`tpu_embedding/<table>/part_N`), which the
-      partitioning recognizes, instead of the columns' (TF's TPU names).
     aggregate_rows: the synchronous replicas' aggregation of the tables' row
-      gradients (`HostEmbeddingEngine.apply_gradients`), or None.
+      gradients (`EmbeddingBackend.apply_gradients`), or None.
   """
   log_emulation_once()
   training = mode == spec_lib.ModeKeys.TRAIN
-  engine = lookup_step = None
-  activations = [{} for _ in range(num_shards)]
-  if embedding_config_spec is not None:
-    engine = embedding_core.HostEmbeddingEngine(
-        embedding_config_spec.embedding_layout(),
-        embedding_config_spec.optimization_parameters,
-        embedding_config_spec.experimental_gradient_multiplier_fn,
-        named_by_columns=not partitioned_tables)
-    engine.create_variables(training=training)
-    lookup_step, activations = engine.lookup(features, num_shards, batch_size)
-  model_features = _model_features(features, embedding_config_spec, batch_size)
+  steps, activations = [], [{} for _ in range(num_shards)]
+  for backend in backends:
+    backend.create_variables(training)
+    step, per_shard = backend.lookup(features, num_shards, batch_size)
+    steps.append(step)
+    for shard, values in zip(activations, per_shard):
+      shard.update(values)
+  model_features = lookup_backends.model_features(backends, features,
+                                                  batch_size)
   _check_static_shapes(model_features, 'features')
   if labels is not None:
     _check_static_shapes(labels, 'labels')
@@ -305,37 +284,28 @@ def build(call_model_fn, features, labels, mode, embedding_config_spec,
     with build_context.building(mode):
       return call_model_fn(shard_features, slice_of(labels, shard))
 
-  tensor_core_columns = (embedding_config_spec.tensor_core_feature_columns
-                         if embedding_config_spec is not None else None) or []
-  raw_specs = replication.replicate(build_shard, num_shards, {
-      id(creator): creator for creator in (
-          getattr(column, 'shared_embedding_column_creator', None)
-          for column in tensor_core_columns) if creator is not None}.values())
+  raw_specs = replication.replicate(build_shard, num_shards, [
+      creator for backend in backends
+      for creator in backend.shared_table_creators()])
   graph = tf.compat.v1.get_default_graph()
-  if engine is not None:
-    engine.name_variables(graph)
   driver_graph = _outermost(graph)  # where the driver reads its collections
   _localize_dummies(graph)
   estimator_spec = _merged_spec(raw_specs, mode)
-  checkpoints.record_names(driver_graph, _checkpoint_names(engine, graph))
-  if not training or engine is None:
+  checkpoints.record_names(driver_graph, _checkpoint_names(backends, graph))
+  if not training or not backends:
     return estimator_spec
-  if embedding_config_spec.profile_data_directory:
-    # Each emulated shard stands for one would-be host of the div partitioning.
-    estimator_spec = estimator_spec._replace(training_hooks=(
-        tuple(estimator_spec.training_hooks) + (profile.LookupProfileHook(
-            lookup_step.statistics(), engine.layout,
-            embedding_config_spec.profile_data_directory,
-            num_hosts=num_shards),)))
-  pipelined = embedding_config_spec.pipeline_execution_with_tensor_core
+  updates, hooks = [], list(estimator_spec.training_hooks)
   with tf.control_dependencies([estimator_spec.train_op]):
-    train_op = tf.group(estimator_spec.train_op,
-                        engine.apply_gradients(lookup_step, pipelined=pipelined,
-                                               aggregate_rows=aggregate_rows))
-  if pipelined:
-    # Checkpoints hold every update: parked ones are applied before each save.
-    checkpoints.run_before_save(driver_graph, engine.flush_op)
-  return estimator_spec._replace(train_op=train_op)
+    for backend, step in zip(backends, steps):
+      updates.append(backend.apply_gradients(step, aggregate_rows))
+      hooks.extend(backend.training_hooks(step))
+  for backend in backends:
+    if (build_op := backend.before_save()) is not None:
+      checkpoints.run_before_save(driver_graph, build_op)
+  return estimator_spec._replace(
+      train_op=tf.group(estimator_spec.train_op,
+                        *[update for update in updates if update is not None]),
+      training_hooks=tuple(hooks))
 
 
 _ITERATIONS_COLLECTION = 'tpu_fc_training_loop_iterations'
