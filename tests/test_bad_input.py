@@ -352,18 +352,22 @@ def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
   """Feature, table or column, ids, range and what to do come first, in TF's
   error class, without TF's listing of the op or a chained traceback.
 
-  Predict looks up on the CPU on every path, so it reports as use_tpu=False.
+  Predict looks up on the CPU on every path, so it reports as use_tpu=False;
+  the inference lookup's segment reduction (evaluate and predict on the CPU)
+  says it in its own words, training's gather in TF's.
   """
   estimator = make_estimator(tmp_path, path)
   with pytest.raises(tf.errors.InvalidArgumentError) as raised:
     _use(estimator, mode, tmp_path, ids=[[1], [9, 7], [3], [7]])
   message = str(raised.value)
   if path == 'cpu' or mode == 'predict':
-    # Then TF's reason and node: its gather names the first such id it meets.
+    # Then TF's reason and node: the op names the first such id it meets.
     first, reason, node = message.splitlines()
     assert first.startswith(tuple(
         OUT_OF_RANGE_START['cpu'].format(i) for i in (7, 9))), message
-    assert _GATHER_OUT_OF_RANGE.fullmatch(reason), message
+    pattern = (_GATHER_OUT_OF_RANGE if mode == 'train' else
+               _SEGMENT_OUT_OF_RANGE)
+    assert pattern.fullmatch(reason), message
     assert node.lstrip().startswith('[[{{node dense_features/'), node
   else:
     assert message == OUT_OF_RANGE_START[path].format('7 9') + (
@@ -374,6 +378,8 @@ def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
 
 _GATHER_OUT_OF_RANGE = re.compile(
     r'indices\[(\d+)\] = (-?\d+) is not in \[0, (\d+)\)')
+_SEGMENT_OUT_OF_RANGE = re.compile(
+    r'Bad: indices\[(\d+)\] == (-?\d+) out of range \[0, (\d+)\)')
 
 
 def _as_tf215_reports(reason):

@@ -934,3 +934,58 @@ def test_a_column_in_two_variable_scopes_is_an_error(cls):
                           ['tower1/scope1', 'tower2/scope2'])
   assert copy.deepcopy(bypassing)._bypass_scope_validation  # pylint: disable=protected-access
 
+
+
+# --------------------------------------------------------------------------------
+# The CPU lookup of inference graphs: TF's safe lookup, bit for bit, in fewer ops.
+# --------------------------------------------------------------------------------
+
+# Rows: two ids with one repeated, empty, a padding id (-1) only, one id, a
+# padding id beside a real one; then two empty rows at the end of the batch.
+HARD_IDS = tf.compat.v1.SparseTensorValue(
+    indices=[[0, 0], [0, 1], [0, 2], [2, 0], [3, 0], [4, 0], [4, 1]],
+    values=[3, 1, 3, -1, 6, -1, 2], dense_shape=[7, 3])
+
+
+def _hard_lookup(embedding, shared, kind, combiner, mode=None):
+  """Values of one column of `kind` on HARD_IDS, and its graph's op types."""
+  start = np.random.RandomState(3).randn(VOCAB_SIZE, 2).astype(np.float32)
+  kw = dict(combiner=combiner,
+            initializer=tf.compat.v1.constant_initializer(start))
+  if kind == 'cpu_device':
+    kw['embedding_lookup_device'] = 'cpu'
+  graph = tf.Graph()
+  with graph.as_default():
+    categorical = fc.categorical_column_with_identity('x', VOCAB_SIZE)
+    if kind == 'shared':
+      columns = shared([categorical], 2, **kw)
+    else:
+      columns = [embedding(categorical, 2, **kw)]
+    ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+    if mode is None:
+      output = tf.keras.layers.DenseFeatures(columns)({'x': ids})
+    else:
+      with build_context.building(mode):
+        output = tf.keras.layers.DenseFeatures(columns)({'x': ids})
+    with tf.compat.v1.Session(graph=graph) as sess:
+      sess.run(tf.compat.v1.global_variables_initializer())
+      value = sess.run(output, {ids: HARD_IDS})
+  return value, {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize('combiner', ['sum', 'mean', 'sqrtn', None])
+@pytest.mark.parametrize('kind', ['single', 'shared', 'cpu_device'])
+@pytest.mark.parametrize('mode', ['eval', 'infer'])
+def test_inference_lookup_is_tfs_safe_lookup_bit_for_bit(mode, kind, combiner):
+  # Expected: TF's own column (device None) in a plain graph: TF's safe lookup.
+  expected, tf_ops = _hard_lookup(TF_EMBEDDING, TF_SHARED, kind.replace(
+      'cpu_device', 'single'), combiner)
+  value, ops = _hard_lookup(tpu_fc.embedding_column,
+                            tpu_fc.shared_embedding_columns, kind, combiner,
+                            mode)
+  np.testing.assert_array_equal(value, expected)
+  assert np.count_nonzero(value.any(axis=1)) == 3  # rows 1, 2, 5, 6 are zeros
+  # The safe lookup's empty-row filling is gone from the inference graph
+  # (combiner None, TF's 'mean' by default, keeps TF's own lookup).
+  assert 'SparseFillEmptyRows' in tf_ops
+  assert ('SparseFillEmptyRows' in ops) == (combiner is None)

@@ -9,7 +9,7 @@ feature and the bad values and says what to do (no chained traceback):
   message alone;
 * an id outside a feature column's table (`use_tpu=False`, and the CPU lookups of
   prediction): the feature, the column, the id and the range, then TF's text and
-  node.  Only the message changes: the graph is TF 2.15's.
+  node.  Only the message changes.
 
 Other errors pass unchanged.
 """
@@ -23,9 +23,12 @@ _FAILED_CHECK = re.compile(
     r'^assertion failed: \[(.*)\]\n\s*\[\[\{\{node (?:[^{}]*/)?' +
     embedding_core.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
 # TF's gather error in a column's lookup (`<column>_weights/embedding_lookup`,
-# `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), and its node.
+# `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), or its
+# segment reduction's (the inference lookup, `columns._inference_lookup`), and
+# the node.
 _ID_OUT_OF_RANGE = re.compile(
-    r'^indices\[\d+\] = (-?\d+) is not in \[0, (\d+)\)\n'
+    r'^(?:indices\[\d+\] = (-?\d+) is not in|'
+    r'Bad: indices\[\d+\] == (-?\d+) out of range) \[0, (\d+)\)\n'
     r'\s*\[\[\{\{node (?:[^{}]*/)?([^/{}]+)_weights/'
     r'(?:embedding_lookup_sparse/)?embedding_lookup\}\}\]\]', re.MULTILINE)
 _EMBEDDING_COLUMN_NAME = re.compile(
@@ -53,7 +56,8 @@ def _explanation(message):
   gather = _ID_OUT_OF_RANGE.search(message)
   if not gather:
     return None
-  value, size, column = gather.groups()
+  gathered, reduced, size, column = gather.groups()
+  value = gathered or reduced
   # Out-of-range ids come from identity columns, whose name is the feature's.
   name = _EMBEDDING_COLUMN_NAME.match(column)
   if not name:
