@@ -49,3 +49,16 @@ def test_tiny_run_writes_results_and_verdicts(tmp_path):
   assert verdicts['emulated_vs_legacy_dim16'][0] == 'n/a'  # legacy not run
   assert (tmp_path / 'results_quick.md').read_text().count('| raw |') == 1
   assert (tmp_path / 'results_quick.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_stacking_measurement_runs_and_both_layouts_train_alike():
+  """`python -m benchmarks.stacking` (its own check: the stacked table equals
+  the per-table ones after the first steps) on a tiny workload."""
+  finished = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.stacking', '--reps', '1',
+       '--vocabulary-cap', '50', '--batch-size', '16'],
+      cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
+      text=True, timeout=300)
+  assert finished.returncode == 0, finished.stderr[-3000:]
+  assert re.search(r'^stacked / per_table speed: \d+\.\d\d$', finished.stdout,
+                   re.MULTILINE), finished.stdout
