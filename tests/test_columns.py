@@ -989,3 +989,18 @@ def test_inference_lookup_is_tfs_safe_lookup_bit_for_bit(mode, kind, combiner):
   # (combiner None, TF's 'mean' by default, keeps TF's own lookup).
   assert 'SparseFillEmptyRows' in tf_ops
   assert ('SparseFillEmptyRows' in ops) == (combiner is None)
+
+
+def test_inference_lookup_is_tfs_for_a_table_on_a_parameter_server():
+  """TF's own lookup there: it gathers the rows on the ps task (the segment
+  reduction would read the whole table across)."""
+  graph = tf.Graph()
+  with graph.as_default(), tf.compat.v1.device(
+      tf.compat.v1.train.replica_device_setter(ps_tasks=1)):
+    column = tpu_fc.embedding_column(
+        fc.categorical_column_with_identity('x', VOCAB_SIZE), 2)
+    ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+    with build_context.building('infer'):
+      tf.keras.layers.DenseFeatures([column])({'x': ids})
+  ops = {op.type for op in graph.get_operations()}
+  assert 'SparseFillEmptyRows' in ops and 'SparseSegmentMeanWithNumSegments' not in ops

@@ -158,8 +158,9 @@ def _inference_lookup(column, sparse_tensors, table, tf_lookup):
   segment reduction of the table's rows per example in the ids' order, an
   example without ids all zeros — without its reshapes, empty-row filling and
   masking, which cost more than the lookup at serving batch sizes.  Every other
-  case (weights, sequence ids, max_norm, a partitioned table, training) is
-  `tf_lookup()`, TF's own; so is a combiner of None (a sequence column's).
+  case (weights, sequence ids, max_norm, combiner None, a partitioned table or
+  one on another device than the ids — TF's own segment path has that rule —,
+  training) is `tf_lookup()`, TF's own.
   """
   ids = sparse_tensors.id_tensor
   if (not build_context.is_inference() or sparse_tensors.weight_tensor is not None
@@ -168,7 +169,8 @@ def _inference_lookup(column, sparse_tensors, table, tf_lookup):
       or not column.use_safe_embedding_lookup
       or getattr(column, 'max_norm', None) is not None
       or getattr(column, 'ckpt_to_load_from', None) is not None
-      or not hasattr(table, 'read_value_no_copy')):  # one resource variable
+      or not hasattr(table, 'read_value_no_copy')  # one resource variable
+      or table.device != ids.values.device):  # else the whole table moves
     return tf_lookup()
   with tf.name_scope('%s_weights' % column.name):
     ids = tf.sparse.retain(ids, ids.values >= 0)
