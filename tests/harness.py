@@ -139,8 +139,9 @@ def tf_estimator(model_dir, optimizer_name):
 
 
 def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
-              pipelined=False, squared=False):
-  """The estimator of `path`, its table trained by `optimizer_name`'s rule."""
+              pipelined=False, squared=False, profile_data_directory=None):
+  """The estimator of `path`, its table trained by `optimizer_name`'s rule
+  (`pipelined`, `profile_data_directory`: the spec's options)."""
   col = column(path)
   model_optimizer = MODEL_OPTIMIZERS.get(
       optimizer_name, MODEL_OPTIMIZERS['sgd'])[0]
@@ -149,7 +150,8 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
     spec = tpu_fc.EmbeddingConfigSpec(
         feature_columns=[col], optimization_parameters=EMBEDDING_OPTIMIZERS[
             optimizer_name if path == 'embedding_core' else 'sgd'],
-        pipeline_execution_with_tensor_core=pipelined)
+        pipeline_execution_with_tensor_core=pipelined,
+        profile_data_directory=profile_data_directory)
   return tpu_fc.TPUEstimator(
       model_fn=model_fn_of(model_optimizer, squared=squared),
       use_tpu=path != 'cpu',

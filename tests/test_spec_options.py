@@ -4,9 +4,11 @@ Tables are compared with the reference's within its float32 error bound
 (`helpers.ReferenceSteps`).
 """
 import copy
+import json
 
 import numpy as np
 
+import harness
 import helpers
 import tpu_fc
 from tpu_fc import reference
@@ -89,57 +91,25 @@ def test_without_pipelining_each_lookup_sees_the_previous_update():
 
 
 def test_checkpoints_hold_every_parked_update(tmp_path):
-  """Two shards of one example; every example's loss weights are C[0]."""
-  def input_fn(params):
-    ids = tf.data.Dataset.from_tensors(IDS).repeat()
-    return ids.map(lambda x: ({'a': tf.sparse.from_dense(x)}, tf.zeros([2, 1])))
-
-  def model_fn(features, labels, mode, params):
-    del labels
-    activation = tf.keras.layers.DenseFeatures(_spec(True).feature_columns)(
-        features)
-    loss = tf.reduce_sum(activation * C[0])
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(1.)
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
-        loss, tf.compat.v1.train.get_global_step()))
-
-  estimator = tpu_fc.TPUEstimator(
-      model_fn=model_fn, use_tpu=True, train_batch_size=2,
-      embedding_config_spec=_spec(True),
-      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
-                              tpu_config=tpu_fc.TPUConfig(num_shards=2)))
-  estimator.train(input_fn, max_steps=2)
-  want = _reference_steps(2, c=np.tile(C[:1], (2, 1)), num_shards=2)[1]
-  want.assert_matches(estimator.get_variable_value(
-      'dense_features/a_embedding/embedding_weights'))
+  """Two steps of two shards, each step's update parked for the next lookup:
+  the checkpoint holds both (the harness's loss is linear, so its gradients do
+  not depend on what a lookup missed)."""
+  estimator = harness.estimator(tmp_path, 'embedding_core', 'adagrad',
+                                pipelined=True)
+  estimator.train(harness.input_fn_of('sparse'), steps=2)
+  harness.expected_step('embedding_core', 'adagrad', steps=2).assert_matches(
+      estimator.get_variable_value(harness.TABLE))
 
 
 def test_profile_data_directory_gets_lookup_statistics(tmp_path):
   """The spec's profile_data_directory receives per-table JSON statistics."""
-  import json  # pylint: disable=g-import-not-at-top
-  spec = _spec(False)._replace(profile_data_directory=str(tmp_path / 'profile'))
-
-  def input_fn(params):
-    ids = tf.data.Dataset.from_tensors(IDS).repeat()
-    return ids.map(lambda x: ({'a': tf.sparse.from_dense(x)}, tf.zeros([2, 1])))
-
-  def model_fn(features, labels, mode, params):
-    del labels
-    activation = tf.keras.layers.DenseFeatures(spec.feature_columns)(features)
-    loss = tf.reduce_sum(activation * C[0])
-    return tpu_fc.TPUEstimatorSpec(
-        mode, loss=loss,
-        train_op=tf.compat.v1.train.GradientDescentOptimizer(1.).minimize(
-            loss, tf.compat.v1.train.get_global_step()))
-
-  estimator = tpu_fc.TPUEstimator(
-      model_fn=model_fn, use_tpu=True, train_batch_size=2,
-      embedding_config_spec=spec,
-      config=tpu_fc.RunConfig(model_dir=str(tmp_path / 'model'),
-                              tpu_config=tpu_fc.TPUConfig(num_shards=2)))
-  estimator.train(input_fn, max_steps=2)
-  stats = json.loads((tmp_path / 'profile' / 'tbl_a.json').read_text())
-  assert stats['ids_per_example'] == IDS.shape[1]
-  assert stats['unique_ids_per_batch'] == len(np.unique(IDS))
+  estimator = harness.estimator(
+      tmp_path / 'model', 'embedding_core', 'sgd',
+      profile_data_directory=str(tmp_path / 'profile'))
+  estimator.train(harness.input_fn_of('sparse'), steps=2)
+  stats = json.loads((tmp_path / 'profile' / 'tbl_ids.json').read_text())
+  ids = [i for row in harness.IDS for i in row]
+  assert stats['ids_per_example'] == len(ids) / len(harness.IDS)
+  assert stats['unique_ids_per_batch'] == len(set(ids))
   assert stats['hot_ids'][0] == [4, 2 * stats['steps_profiled']]
-  assert stats['num_hosts'] == 2
+  assert stats['num_hosts'] == harness.NUM_SHARDS

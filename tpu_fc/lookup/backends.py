@@ -4,9 +4,10 @@
   update rules (`embedding_core`); the model_fn gets activations.
 * `tpu_tensor_core`: `TensorCoreBackend`; the model_fn gets padded ids and a mask
   (`tensor_core.densify`) and its columns gather from model variables.
-* `cpu`, and every column of an inference graph: `CpuLookupBackend`; the columns
-  look up on the host in the model_fn's graph (`tpu_fc.build_context` tells them
-  the mode), from sequences cut as the TPU cuts them.
+* a TPU model's prediction and export: `CpuLookupBackend`; every column looks
+  up on the host in the model_fn's graph, from sequences cut as the TPU cuts
+  them.  Columns pinned to `cpu` look up so in evaluation too
+  (`tpu_fc.build_context` tells them the mode).
 
 The TPU's own `TPUEmbedding` (`tpu_embedding.TPUEmbeddingEngine`) is not among
 them: without a TPU to run it, the driver emulates.
