@@ -159,8 +159,8 @@ def _inference_lookup(column, sparse_tensors, table, tf_lookup):
   example without ids all zeros — without its reshapes, empty-row filling and
   masking, which cost more than the lookup at serving batch sizes.  Every other
   case (weights, sequence ids, max_norm, combiner None, a partitioned table or
-  one on another device than the ids — TF's own segment path has that rule —,
-  training) is `tf_lookup()`, TF's own.
+  one on another device than the lookup's ops — TF's own segment path has that
+  rule —, training) is `tf_lookup()`, TF's own.
   """
   ids = sparse_tensors.id_tensor
   if (not build_context.is_inference() or sparse_tensors.weight_tensor is not None
@@ -169,14 +169,15 @@ def _inference_lookup(column, sparse_tensors, table, tf_lookup):
       or not column.use_safe_embedding_lookup
       or getattr(column, 'max_norm', None) is not None
       or getattr(column, 'ckpt_to_load_from', None) is not None
-      or not hasattr(table, 'read_value_no_copy')  # one resource variable
-      or table.device != ids.values.device):  # else the whole table moves
+      or not hasattr(table, 'read_value_no_copy')):  # one resource variable
     return tf_lookup()
   with tf.name_scope('%s_weights' % column.name):
     ids = tf.sparse.retain(ids, ids.values >= 0)
+    examples = tf.cast(ids.indices[:, 0], tf.int32)
+    if examples.device != table.device:  # else the whole table moves here
+      return tf_lookup()
     return _SEGMENT_REDUCTIONS[column.combiner](
-        table.read_value_no_copy(), ids.values,
-        tf.cast(ids.indices[:, 0], tf.int32),
+        table.read_value_no_copy(), ids.values, examples,
         num_segments=tf.cast(ids.dense_shape[0], tf.int32),
         name='embedding_lookup')  # the node input_errors names
 
