@@ -935,7 +935,6 @@ def test_a_column_in_two_variable_scopes_is_an_error(cls):
   assert copy.deepcopy(bypassing)._bypass_scope_validation  # pylint: disable=protected-access
 
 
-
 # --------------------------------------------------------------------------------
 # The CPU lookup of inference graphs: TF's safe lookup, bit for bit, in fewer ops.
 # --------------------------------------------------------------------------------

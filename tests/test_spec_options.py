@@ -55,20 +55,17 @@ def _run_engine(pipelined, steps):
       return seen, tables, session.run(engine.tables['tbl_a'])
 
 
-def _reference_steps(steps, c=C, num_shards=1):
+def _reference_steps(steps):
   """The reference after each step without pipelining (the loss is linear:
-  d/dact = c, passed on exactly by the sum combiner).
-
-  Example e of the batch lies on core e·num_shards // batch.
+  d/dact = C, passed on exactly by the sum combiner), on one core.
   """
   params = _spec(False).optimization_parameters
   want = helpers.ReferenceSteps(params, TABLE,
                                 reference.init_slots(params, TABLE.shape))
   flat_ids = IDS.reshape(-1)
-  grads = np.repeat(c, IDS.shape[1], axis=0)
-  cores = np.repeat(np.arange(len(IDS)) * num_shards // len(IDS), IDS.shape[1])
-  return [copy.copy(want.step(flat_ids, grads, 0.1, cores=cores,
-                              num_cores=num_shards))
+  grads = np.repeat(C, IDS.shape[1], axis=0)
+  return [copy.copy(want.step(flat_ids, grads, 0.1,
+                              cores=np.zeros_like(flat_ids), num_cores=1))
           for _ in range(steps)]
 
 

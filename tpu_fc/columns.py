@@ -229,15 +229,17 @@ class _SharedTpuFcColumnMixin(_TpuFcColumnMixin):
   column calls the safe lookup itself, not through the helper)."""
 
   def _looks_up_on_cpu(self):
-    """Whether TF's column would run its CPU lookup here."""
-    return internals.is_running_on_cpu()
+    """Whether this is an inference graph where TF's column would run its CPU
+    lookup (elsewhere, training graphs included, TF's code runs unchanged)."""
+    return build_context.is_inference() and internals.is_running_on_cpu()
 
   def _get_dense_tensor_internal(self, transformation_cache, state_manager):
     if not self._looks_up_on_cpu():
       return super()._get_dense_tensor_internal(transformation_cache,
                                                 state_manager)
-    sparse_tensors = self.categorical_column.get_sparse_tensors(
-        transformation_cache, state_manager)
+    with tf.compat.v1.name_scope(None, default_name=self.name):  # as TF's
+      sparse_tensors = self.categorical_column.get_sparse_tensors(
+          transformation_cache, state_manager)
     return _inference_lookup(
         self, sparse_tensors,
         self.shared_embedding_column_creator.embedding_weights,

@@ -820,13 +820,13 @@ class TPUEstimator(object):
     TRAIN and EVAL emulate the TPU (`tpu_emulation`), and PREDICT looks up on
     the CPU, as TPUEstimator's default lookup device does for inference.
     """
-    backends = self._backends(mode, on_tpu=not self._running_on_cpu(mode))
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
       with build_context.building(mode), replication.one_replica():
         return to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
             self._params_for(mode, use_tpu=False)))
+    backends = self._backends(mode, on_tpu=True)
     if mode == ModeKeys.PREDICT:
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
       with build_context.building(mode):
