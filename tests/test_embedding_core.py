@@ -103,7 +103,11 @@ SPARSE = Ids('sparse', [(0, 0, 3), (0, 2, 0), (1, 0, 5), (1, 1, 1), (1, 2, 5),
 RAGGED = Ids('ragged', [[1, 1, 4], [], [0, 6], [6, 2]],
              weights=[[0.5, 1.5, 2.0], [], [1.0, -2.0], [0.25, 4.0]])
 DENSE = Ids('dense', [[3, 0, 3], [0, 0, 0], [5, 1, 0], [2, 6, 4]])
-INPUTS = {'sparse': SPARSE, 'ragged': RAGGED, 'dense': DENSE}
+# One id per example, in example order (the engine's shortcut: no pooling);
+# id 3 twice, id 0 kept.
+ONE_HOT = Ids('sparse', [(0, 0, 3), (1, 0, 5), (2, 0, 3), (3, 0, 0)], width=1)
+INPUTS = {'sparse': SPARSE, 'ragged': RAGGED, 'dense': DENSE,
+          'one_hot': ONE_HOT}
 COMBINERS = ('sum', 'mean', 'sqrtn')
 
 
@@ -377,10 +381,10 @@ OPTIMIZERS = {
 
 @pytest.mark.parametrize('optimizer', sorted(OPTIMIZERS))
 def test_optimizer_combiner_input_matrix(optimizer):
-  """Every combiner x input kind (9 tables in one graph) for every optimizer."""
+  """Every combiner x input kind (12 tables in one graph) for every optimizer."""
   num_shards = 1 + sorted(OPTIMIZERS).index(optimizer) % 2
   feats = [Feat(f'{kind}_{combiner}', unweighted(INPUTS[kind]), combiner,
-                seed=3 * c + k)
+                seed=len(INPUTS) * c + k)
            for c, combiner in enumerate(COMBINERS)
            for k, kind in enumerate(sorted(INPUTS))]
   check([f.column() for f in feats], feats,

@@ -7,8 +7,9 @@ activation is captured while the model's own optimizer builds its gradients, and
 engine applies it to the looked-up rows with the spec's optimizer and the TPU update
 rules (`tpu_fc.reference`, implemented with TF's sparse kernels in `sparse_update`).
 
-Per table and step the engine de-duplicates the ids of all its features once, gathers
-those rows once, and applies the TPU's per-core order of updates
+Per table and step the engine gathers the rows of all its features' ids in one gather,
+de-duplicates those ids once, sums their gradients per unique id, and applies the TPU's
+per-core order of updates
 (`tpu_fc.reference.apply_update_by_core`): one sparse update per core turn, a single one
 with one shard; no step reads a whole table.
 
@@ -252,12 +253,60 @@ def _split_div(parts, ids, *per_id):
           for i, part in enumerate(parts)]
 
 
+def _retain(ids, weights, keep):
+  """`ids` (SparseTensor) and their `weights` (or None) where `keep`; copied
+  only when an entry goes (the common input drops none)."""
+  def dropped():
+    kept = tf.sparse.retain(ids, keep)
+    return kept if weights is None else (kept,
+                                         tf.boolean_mask(weights, keep))
+
+  def as_given():
+    return ids if weights is None else (ids, weights)
+
+  result = tf.cond(tf.reduce_all(keep), as_given, dropped)
+  return (result, None) if weights is None else result
+
+
+def _one_id_per_example(examples, batch):
+  """Whether `examples` (int64, an example per id) is 0, 1, ..., batch - 1."""
+  count = tf.size(examples, out_type=tf.int64)
+  return tf.logical_and(
+      tf.equal(count, batch),
+      tf.reduce_all(tf.equal(examples, tf.range(count, dtype=tf.int64))))
+
+
+def _pool(values, examples, batch, combiner, weights=None, with_norm=False):
+  """Per example, its `values` (one row per id) combined; with `with_norm`,
+  `(combined, norm)`: the mean's or sqrtn's divisor (None for sum)."""
+  segments = tf.cast(batch, tf.int32)
+  if weights is not None:
+    values = values * weights[:, tf.newaxis]
+  total = tf.math.unsorted_segment_sum(values, examples, segments)
+  if combiner == 'sum':
+    norm = None
+  elif weights is None:  # mean and sqrtn of unit weights: the id count
+    norm = tf.math.unsorted_segment_sum(
+        tf.ones_like(examples, dtype=tf.float32), examples, segments)
+    if combiner == 'sqrtn':
+      norm = tf.sqrt(norm)
+  elif combiner == 'mean':
+    norm = tf.math.unsorted_segment_sum(weights, examples, segments)
+  else:
+    norm = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, examples,
+                                                segments))
+  if norm is not None:
+    total = tf.math.divide_no_nan(total, norm[:, tf.newaxis])
+  return (total, norm) if with_norm else total
+
+
 class _Lookup(collections.namedtuple(
-    '_Lookup', ['feature', 'rows', 'weights', 'positions', 'batch', 'lengths',
-                'multivalent'])):
+    '_Lookup', ['feature', 'rows', 'values', 'weights', 'positions', 'batch',
+                'lengths', 'multivalent'])):
   """One feature's ids, mapped onto its table's de-duplicated rows.
 
-  `rows` indexes the table's unique ids, `positions` is `[n, 2]` (example, slot
+  `rows` indexes the table's unique ids, `values` are the table's rows of the
+  ids (one per id), `positions` is `[n, 2]` (example, slot
   or sequence position); `lengths` are the sequence lengths of a sequence
   feature (else None); `multivalent`: ids may share a sequence position.
   """
@@ -275,9 +324,10 @@ class LookupStep:
   `lookup` / `activations` return it and `apply_gradients` takes it: the
   engine keeps no state of a step.  `num_shards` cores; `read_step` is the
   global step read before the lookup (None: no learning_rate_fn or gradient
-  multiplier reads it); per table its ids, unique ids, gathered rows and
-  per-feature `_Lookup`s; per feature its pooling norm and (legacy lookup) its
-  per-shard activations; `captured`: the activation gradients the ties record
+  multiplier reads it); per table its ids, unique ids, rows per id and
+  per-feature `_Lookup`s; per feature its pooling norm, (unweighted pooled
+  features) whether the step gave it one id per example, which skips the
+  pooling both ways, and (legacy lookup) its per-shard activations; `captured`: the activation gradients the ties record
   while the model is differentiated.
   """
 
@@ -286,6 +336,7 @@ class LookupStep:
     self.read_step = read_step
     self.all_ids, self.unique_ids, self.gathered, self.lookups = {}, {}, {}, {}
     self.norms, self.shards, self.captured = {}, {}, {}
+    self.one_id_each = {}
     self.batch = None
 
   def statistics(self):
@@ -472,7 +523,8 @@ class HostEmbeddingEngine:
     return step, combined
 
   def _table_lookups(self, table, parsed, ids_checked, step):
-    """One de-duplication and one gather for all features of `table`."""
+    """One gather of the rows of all features' ids of `table`, and one
+    de-duplication of those ids (for the update)."""
     all_ids = tf.concat([tf.cast(p.ids.values, tf.int64) for p in parsed],
                         axis=0)
     step.all_ids[table.name] = all_ids
@@ -482,23 +534,24 @@ class HostEmbeddingEngine:
         [] if step.read_step is None else [step.read_step])):
       if table.name in self._handles:
         gathered = tf.raw_ops.ResourceGather(
-            resource=self._handles[table.name], indices=unique_ids,
+            resource=self._handles[table.name], indices=all_ids,
             dtype=tf.float32)
       else:
-        gathered = _gather(self.tables[table.name], unique_ids)
+        gathered = _gather(self.tables[table.name], all_ids)
     step.unique_ids[table.name] = unique_ids
     step.gathered[table.name] = gathered
     if len(parsed) == 1:
-      feature_rows = [rows]
+      feature_rows, feature_values = [rows], [gathered]
     else:
-      feature_rows = tf.split(
-          rows, [tf.size(p.ids.values, out_type=tf.int64) for p in parsed])
-    lookups = [_Lookup(feature=p.feature, rows=r, weights=p.weights,
+      sizes = [tf.size(p.ids.values, out_type=tf.int64) for p in parsed]
+      feature_rows = tf.split(rows, sizes)
+      feature_values = tf.split(gathered, sizes)
+    lookups = [_Lookup(feature=p.feature, rows=r, values=v, weights=p.weights,
                        positions=p.ids.indices[:, :2],
                        batch=p.ids.dense_shape[0],
                        lengths=p.lengths,
                        multivalent=p.ids.shape.rank != 2)
-               for p, r in zip(parsed, feature_rows)]
+               for p, r, v in zip(parsed, feature_rows, feature_values)]
     step.lookups[table.name] = lookups
     return lookups
 
@@ -529,9 +582,7 @@ class HostEmbeddingEngine:
       lengths = sequence_lengths(ids, feature.max_sequence_length)
       keep = tf.logical_and(keep,
                             ids.indices[:, 1] < feature.max_sequence_length)
-    ids = tf.sparse.retain(ids, keep)
-    if weights is not None:
-      weights = tf.boolean_mask(weights, keep)
+    ids, weights = _retain(ids, weights, keep)
     return _Parsed(feature, ids, weights, lengths)
 
   @staticmethod
@@ -564,7 +615,7 @@ class HostEmbeddingEngine:
     feature = lookup.feature
     examples = lookup.positions[:, 0]
     dimension = table.dimension
-    values = tf.gather(step.gathered[table.name], lookup.rows)
+    values = lookup.values
     if feature.is_sequence:
       length = feature.max_sequence_length
       shape = tf.stack([lookup.batch, tf.constant(length, tf.int64)])
@@ -584,25 +635,25 @@ class HostEmbeddingEngine:
       return {feature.name: activation,
               feature.name + SEQUENCE_LENGTH_SUFFIX: lookup.lengths}
     weights = lookup.weights
-    batch = tf.cast(lookup.batch, tf.int32)
-    if weights is not None:
-      values = values * weights[:, tf.newaxis]
-    total = tf.math.unsorted_segment_sum(values, examples, batch)
     combiner = table.combiner or 'sum'
-    if combiner == 'sum':
-      norm = None
-    elif weights is None:  # mean and sqrtn of unit weights: the id count
-      norm = tf.math.unsorted_segment_sum(
-          tf.ones_like(examples, dtype=tf.float32), examples, batch)
-      if combiner == 'sqrtn':
-        norm = tf.sqrt(norm)
-    elif combiner == 'mean':
-      norm = tf.math.unsorted_segment_sum(weights, examples, batch)
+    if weights is None:
+      # One id per example, in example order: each example's row is its
+      # activation (a sum of one row, a norm of 1), to the bit.
+      one_id_each = _one_id_per_example(examples, lookup.batch)
+      step.one_id_each[feature.name] = one_id_each
+      if combiner == 'sum':
+        total = tf.cond(one_id_each, lambda: values,
+                        lambda: _pool(values, examples, lookup.batch, combiner))
+        norm = None
+      else:
+        total, norm = tf.cond(
+            one_id_each,
+            lambda: (values, tf.ones([tf.size(examples)])),
+            lambda: _pool(values, examples, lookup.batch, combiner,
+                          with_norm=True))
     else:
-      norm = tf.sqrt(tf.math.unsorted_segment_sum(weights * weights, examples,
-                                                  batch))
-    if norm is not None:
-      total = tf.math.divide_no_nan(total, norm[:, tf.newaxis])
+      total, norm = _pool(values, examples, lookup.batch, combiner,
+                          weights=weights, with_norm=True)
     step.norms[feature.name] = norm
     total.set_shape([None, dimension])
     return {feature.name: total}
@@ -721,16 +772,27 @@ class HostEmbeddingEngine:
             gradients, tf.gather_nd(norm, lookup.positions)[:, tf.newaxis])
       return gradients
     examples = lookup.positions[:, 0]
-    gradients = tf.gather(dy, examples)
-    scale = lookup.weights
     norm = step.norms[feature.name]
-    if norm is not None:
-      norm = tf.gather(norm, examples)
-      scale = tf.math.divide_no_nan(
-          tf.ones_like(norm) if scale is None else scale, norm)
-    if scale is not None:
-      gradients *= scale[:, tf.newaxis]
-    return gradients
+
+    def through_pooling():
+      gradients = tf.gather(dy, examples)
+      scale = lookup.weights
+      if norm is not None:
+        per_id = tf.gather(norm, examples)
+        scale = tf.math.divide_no_nan(
+            tf.ones_like(per_id) if scale is None else scale, per_id)
+      if scale is not None:
+        gradients *= scale[:, tf.newaxis]
+      return gradients
+
+    one_id_each = step.one_id_each.get(feature.name)
+    if one_id_each is None:
+      return through_pooling()
+    # dy has the configured batch's rows: an input of another batch takes the
+    # general path, which fails on the batch check, not on a shape.
+    rows_match = tf.equal(tf.shape(dy, out_type=tf.int64)[0], lookup.batch)
+    return tf.cond(tf.logical_and(one_id_each, rows_match), lambda: dy,
+                   through_pooling)
 
   def _apply(self, table, update, num_shards, aggregate_rows=None):
     """The table's update, part by part on each part's device (one part
