@@ -301,13 +301,13 @@ def _pool(values, examples, batch, combiner, weights=None, with_norm=False):
 
 
 class _Lookup(collections.namedtuple(
-    '_Lookup', ['feature', 'rows', 'values', 'weights', 'positions', 'batch',
-                'lengths', 'multivalent'])):
+    '_Lookup', ['feature', 'rows', 'values', 'weights', 'positions',
+                'examples', 'batch', 'lengths', 'multivalent'])):
   """One feature's ids, mapped onto its table's de-duplicated rows.
 
   `rows` indexes the table's unique ids, `values` are the table's rows of the
-  ids (one per id), `positions` is `[n, 2]` (example, slot
-  or sequence position); `lengths` are the sequence lengths of a sequence
+  ids (one per id), `positions` is `[n, 2]` (example, slot or sequence
+  position), `examples` its first column; `lengths` are the sequence lengths of a sequence
   feature (else None); `multivalent`: ids may share a sequence position.
   """
 
@@ -547,7 +547,9 @@ class HostEmbeddingEngine:
       feature_rows = tf.split(rows, sizes)
       feature_values = tf.split(gathered, sizes)
     lookups = [_Lookup(feature=p.feature, rows=r, values=v, weights=p.weights,
-                       positions=p.ids.indices[:, :2],
+                       positions=(p.ids.indices if p.ids.shape.rank == 2 else
+                                  p.ids.indices[:, :2]),
+                       examples=p.ids.indices[:, 0],
                        batch=p.ids.dense_shape[0],
                        lengths=p.lengths,
                        multivalent=p.ids.shape.rank != 2)
@@ -613,7 +615,7 @@ class HostEmbeddingEngine:
     A pooled feature's norm (mean, sqrtn) is kept for its gradient.
     """
     feature = lookup.feature
-    examples = lookup.positions[:, 0]
+    examples = lookup.examples
     dimension = table.dimension
     values = lookup.values
     if feature.is_sequence:
@@ -743,7 +745,7 @@ class HostEmbeddingEngine:
           gradients, rows, tf.size(unique_ids)), None
     # Example e of a batch of b lies on core floor(e·cores / b): b // cores
     # examples per core, and no division by zero for an empty batch.
-    core = tf.concat([lookup.positions[:, 0] * cores // lookup.batch
+    core = tf.concat([lookup.examples * cores // lookup.batch
                       for lookup in lookups], axis=0)
     pairs, pair_of = tf.unique(rows * cores + core, out_idx=tf.int64)
     pair_gradients = tf.math.unsorted_segment_sum(gradients, pair_of,
@@ -771,7 +773,7 @@ class HostEmbeddingEngine:
         gradients = tf.math.divide_no_nan(
             gradients, tf.gather_nd(norm, lookup.positions)[:, tf.newaxis])
       return gradients
-    examples = lookup.positions[:, 0]
+    examples = lookup.examples
     norm = step.norms[feature.name]
 
     def through_pooling():
