@@ -51,8 +51,8 @@ def test_tiny_run_writes_results_and_verdicts(tmp_path):
   assert (tmp_path / 'results_quick.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
-def test_stacking_measurement_runs_and_both_layouts_train_alike():
-  """`python -m benchmarks.stacking` (its own check: the stacked table equals
+def test_stacking_measurement_runs_and_every_layout_trains_alike():
+  """`python -m benchmarks.stacking` (its own check: the stacked tables equal
   the per-table ones after the first steps) on a tiny workload."""
   finished = subprocess.run(
       [sys.executable, '-m', 'benchmarks.stacking', '--reps', '1',
@@ -60,5 +60,6 @@ def test_stacking_measurement_runs_and_both_layouts_train_alike():
       cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
       text=True, timeout=300)
   assert finished.returncode == 0, finished.stderr[-3000:]
-  assert re.search(r'^stacked / per_table speed: \d+\.\d\d$', finished.stdout,
-                   re.MULTILINE), finished.stdout
+  for layout in ('stacked', 'stacked_per_core'):
+    assert re.search(r'^{} / per_table speed: \d+\.\d\d$'.format(layout),
+                     finished.stdout, re.MULTILINE), finished.stdout

@@ -307,8 +307,9 @@ class _Lookup(collections.namedtuple(
 
   `rows` indexes the table's unique ids, `values` are the table's rows of the
   ids (one per id), `positions` is `[n, 2]` (example, slot or sequence
-  position), `examples` its first column; `lengths` are the sequence lengths of a sequence
-  feature (else None); `multivalent`: ids may share a sequence position.
+  position), `examples` its first column; `lengths` are the sequence lengths
+  of a sequence feature (else None); `multivalent`: ids may share a sequence
+  position.
   """
 
 
@@ -327,8 +328,9 @@ class LookupStep:
   multiplier reads it); per table its ids, unique ids, rows per id and
   per-feature `_Lookup`s; per feature its pooling norm, (unweighted pooled
   features) whether the step gave it one id per example, which skips the
-  pooling both ways, and (legacy lookup) its per-shard activations; `captured`: the activation gradients the ties record
-  while the model is differentiated.
+  pooling both ways, and (legacy lookup) its per-shard activations;
+  `captured`: the activation gradients the ties record while the model is
+  differentiated.
   """
 
   def __init__(self, num_shards, read_step):
