@@ -792,10 +792,20 @@ class HostEmbeddingEngine:
     one_id_each = step.one_id_each.get(feature.name)
     if one_id_each is None:
       return through_pooling()
+
+    def scaled_per_example():
+      """Unweighted: an id's scale is its example's, so dy is scaled per
+      example and then gathered per id (the same products, on batch rows)."""
+      if norm is None:
+        return tf.gather(dy, examples)
+      per_example = tf.math.divide_no_nan(tf.ones_like(norm), norm)
+      return tf.gather(dy * per_example[:, tf.newaxis], examples)
+
     # dy has the configured batch's rows: an input of another batch takes the
     # general path, which fails on the batch check, not on a shape.
     rows_match = tf.equal(tf.shape(dy, out_type=tf.int64)[0], lookup.batch)
-    return tf.cond(tf.logical_and(one_id_each, rows_match), lambda: dy,
+    return tf.cond(rows_match,
+                   lambda: tf.cond(one_id_each, lambda: dy, scaled_per_example),
                    through_pooling)
 
   def _apply(self, table, update, num_shards, aggregate_rows=None):
