@@ -796,8 +796,8 @@ class HostEmbeddingEngine:
     def scaled_per_example():
       """Unweighted: an id's scale is its example's, so dy is scaled per
       example and then gathered per id (the same products, on batch rows)."""
-      if norm is None:
-        return tf.gather(dy, examples)
+      if norm is None:  # sum: nothing to scale
+        return through_pooling()
       per_example = tf.math.divide_no_nan(tf.ones_like(norm), norm)
       return tf.gather(dy * per_example[:, tf.newaxis], examples)
 
