@@ -7,6 +7,7 @@ source checkpoint by name; the converted checkpoint must restore into a real
 `TPUEmbedding` / `TPUEmbeddingForServing` with those values and convert back bit
 for bit.
 """
+import contextlib
 import json
 import os
 import sys
@@ -54,7 +55,9 @@ def model_fn(features, labels, mode, params):
         'input', partitioner=tf.compat.v1.fixed_size_partitioner(2)):
       net = tf.compat.v1.feature_column.input_layer(
           features, params['columns'][:1])
-  logits = tf.compat.v1.layers.dense(net, 1)
+  with (tf.compat.v1.variable_scope(params['head_scope']) if 'head_scope' in params
+        else contextlib.nullcontext()):
+    logits = tf.compat.v1.layers.dense(net, 1)
   loss = tf.reduce_mean(tf.square(logits - labels))
   optimizer = params.get('model_optimizer', tf.compat.v1.train.AdagradOptimizer)(0.1)
   if params['use_tpu']:
@@ -163,6 +166,26 @@ def test_round_trip_gives_the_original_checkpoint_bit_for_bit(trained, tmp_path)
   for name, value in original.items():
     np.testing.assert_array_equal(converted[name], value, err_msg=name)
   assert tf.train.latest_checkpoint(str(tmp_path)) == back
+
+
+def test_names_with_dots_convert_both_ways(tmp_path):
+  """TF escapes '.' as '..' and '/' as '.S' in object checkpoint keys: a scope
+  named 'head.v2.Scale' must come back as itself, not as 'head/v2/cale'."""
+  spec = make_spec()
+  train(tmp_path / 'legacy', spec, head_scope='head.v2.Scale')
+  original = checkpoint_values(tmp_path / 'legacy')
+  assert 'head.v2.Scale/dense/kernel' in original
+  mid_level = conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path / 'legacy'), str(tmp_path / 'mid'))
+  report = conversion.inspect_checkpoint(mid_level)
+  assert 'head.v2.Scale/dense/kernel' in [
+      v['name'] for v in report['dense_variables']]
+  back = checkpoint_values(conversion.to_legacy_checkpoint(
+      spec, mid_level, str(tmp_path / 'back')))
+  np.testing.assert_array_equal(back['head.v2.Scale/dense/kernel'],
+                                original['head.v2.Scale/dense/kernel'])
+  estimator = train(tmp_path / 'back', spec, steps=1, head_scope='head.v2.Scale')
+  assert estimator.get_variable_value('global_step') == 3
 
 
 def test_converted_back_checkpoint_resumes_training(tmp_path):

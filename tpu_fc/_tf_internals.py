@@ -29,6 +29,7 @@ from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
+from tensorflow.python.trackable import trackable_utils
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import training_util
@@ -88,6 +89,8 @@ saved_model_variables_dir = path_helpers.get_variables_dir
 # Checkpoints and variables ----------------------------------------------------------
 
 op_list_to_dict = saveable_object_util.op_list_to_dict
+# A child's name in an object checkpoint's keys: '.' -> '..', '/' -> '.S'.
+escape_checkpoint_name = trackable_utils.escape_local_name
 make_saveable_from_iterator = iterator_ops.make_saveable_from_iterator
 PartitionedVariable = variables_lib.PartitionedVariable
 with_variable_store = variable_scope.with_variable_store

@@ -15,10 +15,12 @@ back reproduces the original checkpoint's names and values bit for bit.
 import importlib
 import json
 import os
+import re
 import sys
 
 import numpy as np
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
 from tpu_fc import migration
 from tpu_fc import naming
@@ -102,7 +104,21 @@ def _is_mid_level(names):
 
 def _object_key(*path):
   """`tf.train.Checkpoint` key of a variable reached by `path` of child names."""
-  return '/'.join(part.replace('/', '.S') for part in path) + _ATTRIBUTE_SUFFIX
+  return '/'.join(internals.escape_checkpoint_name(part)
+                  for part in path) + _ATTRIBUTE_SUFFIX
+
+
+def _children(values, parent):
+  """{child name: value} of the variables directly below object `parent`.
+
+  Names are unescaped as TF escapes them in keys ('.' as '..', '/' as '.S').
+  """
+  prefix = parent + '/'
+  return {re.sub(r'\.([.S])', lambda m: '.' if m.group(1) == '.' else '/',
+                 key[len(prefix):-len(_ATTRIBUTE_SUFFIX)]): value
+          for key, value in values.items()
+          if key.startswith(prefix) and key.endswith(_ATTRIBUTE_SUFFIX)
+          and '/' not in key[len(prefix):-len(_ATTRIBUTE_SUFFIX)]}
 
 
 def _table_parameters(spec, table):
@@ -315,20 +331,14 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
             'Table {}: the mid-level checkpoint lacks the {} slot {!r}.'.format(
                 table.name, type(parameters).__name__, slot))
       legacy['{}/{}'.format(legacy_name, suffix)] = values[slot_key]
-  dense_prefix = DENSE_KEY + '/'
-  for key, value in values.items():
-    if key.startswith(dense_prefix) and key.endswith(_ATTRIBUTE_SUFFIX):
-      name = key[len(dense_prefix):-len(_ATTRIBUTE_SUFFIX)].replace('.S', '/')
-      legacy[name] = value
+  legacy.update(_children(values, DENSE_KEY))
   global_step = values.get(_object_key(GLOBAL_STEP_KEY), np.int64(0))
   legacy[_GLOBAL_STEP_NAME] = np.int64(global_step)
   return _write_legacy(legacy, destination, int(global_step))
 
 
 def _embedding_children(values):
-  prefix = EMBEDDING_KEY + '/'
-  return sorted(key[len(prefix):-len(_ATTRIBUTE_SUFFIX)] for key in values
-                if key.startswith(prefix))
+  return sorted(_children(values, EMBEDDING_KEY))
 
 
 def _write_legacy(values, destination, global_step):
@@ -388,16 +398,17 @@ def inspect_checkpoint(path, spec=None):
   legacy_signatures, mid_level_signatures = _slot_signatures()
   tables, table_variables = [], set()
   if mid_level:
-    children = _embedding_children(values)
-    for name in [c for c in children if '.S' not in c]:
-      slots = {c.split('.S', 1)[1]: list(np.shape(values[_object_key(
-          EMBEDDING_KEY, c.replace('.S', '/'))])) for c in children
-               if c.startswith(name + '.S')}
-      tables.append(_table_entry(name, values[_object_key(EMBEDDING_KEY, name)],
-                                 slots, mid_level_signatures))
+    children = _children(values, EMBEDDING_KEY)
+    # A table's slots are its children `<table>/<slot>`; table names may hold '/'.
+    slot_names = {c for c in children for t in children
+                  if c.startswith(t + '/')}
+    for name in sorted(set(children) - slot_names):
+      slots = {c[len(name) + 1:]: list(np.shape(children[c]))
+               for c in slot_names if c.startswith(name + '/')}
+      tables.append(_table_entry(name, children[name], slots,
+                                 mid_level_signatures))
     table_variables = {k for k in values if k.startswith(EMBEDDING_KEY + '/')}
-    dense = {k[len(DENSE_KEY) + 1:-len(_ATTRIBUTE_SUFFIX)].replace('.S', '/'): v
-             for k, v in values.items() if k.startswith(DENSE_KEY + '/')}
+    dense = _children(values, DENSE_KEY)
     global_step = values.get(_object_key(GLOBAL_STEP_KEY))
   else:
     if spec is not None:
