@@ -200,6 +200,70 @@ def test_checkpoints_restore_into_tfs_class_and_back(tmp_path, optimizer):
                                   theirs_variables[name].numpy(), err_msg=name)
 
 
+@pytest.fixture
+def fresh_global_step():
+  """An eager global step lives in the default graph's collection: this test's
+  own, dropped after it."""
+  tf.compat.v1.reset_default_graph()
+  yield
+  tf.compat.v1.reset_default_graph()
+
+
+def test_step_functions_carry_over_to_a_traced_loop(tmp_path, fresh_global_step):
+  """A column's `learning_rate_fn` and the spec's gradient multiplier, both of
+  the global step: `to_mid_level()` in eager code binds the global step (a
+  traced step cannot create it), `scale_gradients` applies the multiplier
+  that TF's `TPUEmbedding` has no setting for; 4 steps of the migrated loop
+  train what the emulated TPUEstimator trains.  Without the multiplier the
+  tables differ (checked below), so the comparison sees it."""
+  column = tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_identity('ids', harness.VOCAB),
+      harness.DIM, combiner='mean',
+      initializer=tf.compat.v1.constant_initializer(harness.START),
+      learning_rate_fn=lambda step: 0.4 / (1.0 + tf.cast(step, tf.float32)))
+
+  def spec():
+    return tpu_fc.EmbeddingConfigSpec(
+        feature_columns=[column],
+        optimization_parameters=harness.EMBEDDING_OPTIMIZERS['adagrad'],
+        experimental_gradient_multiplier_fn=(
+            lambda step: 0.5 + 0.25 * tf.cast(step, tf.float32)))
+
+  legacy = tpu_fc.TPUEstimator(
+      model_fn=harness.model_fn_of(harness.MODEL_OPTIMIZERS['sgd'][0]),
+      train_batch_size=len(harness.IDS), params={'column': column},
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2, iterations_per_loop=2)), embedding_config_spec=spec())
+  legacy.train(harness.input_fn_of('sparse'), steps=4)
+  want = legacy.get_variable_value(harness.TABLE)
+
+  def migrated(scaled):
+    config = spec().to_mid_level()
+    embedding = tpu_fc.mid_level.TPUEmbedding(
+        config.feature_config, config.optimizer, num_cores=2)
+    global_step = tf.compat.v1.train.get_global_step()
+
+    @tf.function
+    def step():
+      embedding.enqueue({'ids': harness.ids_feature('sparse')})
+      with tf.GradientTape() as tape:
+        activations = embedding.dequeue()
+        tape.watch(activations)
+        loss = harness.loss_of(activations['ids']) / 2
+      gradients = tape.gradient(loss, activations)
+      embedding.apply_gradients(
+          config.scale_gradients(gradients) if scaled else gradients)
+      global_step.assign_add(1)
+
+    for _ in range(4):
+      step()
+    return next(iter(embedding.embedding_tables.values())).numpy()
+
+  np.testing.assert_allclose(migrated(scaled=True), want, atol=1e-6, rtol=0)
+  tf.compat.v1.reset_default_graph()  # a new global step
+  assert np.abs(migrated(scaled=False) - want).max() > 1e-3
+
+
 @pytest.mark.parametrize('function', [False, True], ids=['eager', 'function'])
 def test_eager_steps_and_tf_function_steps_match_the_reference(function):
   """(Their results may differ in the last bit: Grappler rewrites a traced

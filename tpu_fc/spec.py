@@ -8,6 +8,7 @@ v1 config dicts, or `tf.tpu.experimental.embedding` configs for migrated tables)
 """
 import collections
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -338,8 +339,10 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     """The spec as `tf.tpu.experimental.embedding` configs (see `MidLevelConfig`).
 
     Args:
-      global_step: the step variable that per-table `learning_rate_fn`s read; by
-        default `tf.compat.v1.train.get_or_create_global_step()` at call time.
+      global_step: the step variable that per-table `learning_rate_fn`s and
+        `experimental_gradient_multiplier_fn` read; by default, in eager code the
+        global step when this is called (created if there is none: a traced
+        tf.function cannot create it), in a graph the graph's global step.
     """
     return to_mid_level(self, global_step)
 
@@ -351,21 +354,27 @@ def _as_supported_optimizer(optimization_parameters):
   return optimizers.as_tpu_fc_parameters(optimization_parameters)
 
 
-class GlobalStepLearningRate:
-  """A legacy `learning_rate_fn(global_step)` as the mid-level zero-argument callable."""
+class GlobalStepFunction:
+  """A legacy `function(global_step)` (a `learning_rate_fn`, the gradient
+  multiplier) as the mid-level zero-argument callable."""
 
-  def __init__(self, learning_rate_fn, global_step=None):
-    self.learning_rate_fn = learning_rate_fn
+  def __init__(self, function, global_step=None):
+    self.function = function
     self._global_step = global_step
 
   def __call__(self):
     step = self._global_step
     if step is None:
+      if tf.inside_function():
+        raise ValueError(
+            '{!r} needs the global step, and a tf.function cannot create it: '
+            'call to_mid_level() in eager code, or pass it the step variable '
+            '(to_mid_level(global_step=...)).'.format(self.function))
       step = tf.compat.v1.train.get_or_create_global_step()
-    return tf.cast(self.learning_rate_fn(step), tf.float32)
+    return tf.cast(self.function(step), tf.float32)
 
   def __repr__(self):
-    return 'GlobalStepLearningRate({!r})'.format(self.learning_rate_fn)
+    return 'GlobalStepFunction({!r})'.format(self.function)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -381,12 +390,26 @@ class MidLevelConfig:
     tables: every `TableConfig`, sorted by name; names are the legacy table names
       (`tbl_` + the legacy embedding variable name, or the dict keys).
     weight_keys: feature name -> the feature holding its weights.
+    gradient_multiplier: the spec's `experimental_gradient_multiplier_fn` as a
+      zero-argument callable, or None.  TF's `TPUEmbedding` has no such
+      setting: pass the activation gradients through `scale_gradients` before
+      `apply_gradients`, as TPUEstimator scaled them.
   """
   feature_config: Dict[str, Any]
   optimizer: Any
   tensor_core_feature_config: Dict[str, Any]
   tables: List[Any]
   weight_keys: Dict[str, str]
+  gradient_multiplier: Any = None
+
+  def scale_gradients(self, gradients):
+    """`gradients` (activation gradients, any structure) times the multiplier."""
+    if self.gradient_multiplier is None:
+      return gradients
+    multiplier = self.gradient_multiplier()
+    return tf.nest.map_structure(
+        lambda gradient: None if gradient is None else gradient * multiplier,
+        gradients)
 
   def serving_feature_config(self):
     """`feature_config` on copies of the tables without optimizers (no slots)."""
@@ -416,7 +439,7 @@ def _mid_level_optimizer(table, default_parameters, global_step):
   if table.learning_rate:
     return parameters.to_mid_level(learning_rate=table.learning_rate)
   if table.learning_rate_fn is not None:
-    return parameters.to_mid_level(learning_rate=GlobalStepLearningRate(
+    return parameters.to_mid_level(learning_rate=GlobalStepFunction(
         table.learning_rate_fn, global_step))
   if table.optimizer is not None:
     return table.optimizer.to_mid_level()
@@ -443,6 +466,11 @@ def _mid_level_features(layout, tables):
       for feature in layout.features}
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_once(message):
+  tf.compat.v1.logging.warning(message)
+
+
 def to_mid_level(spec, global_step=None):
   """Builds the `MidLevelConfig` of `spec`; see `EmbeddingConfigSpec.to_mid_level`."""
   parameters = spec.optimization_parameters
@@ -451,9 +479,20 @@ def to_mid_level(spec, global_step=None):
   optimizer = parameters.to_mid_level()
   layout = spec.embedding_layout()
   tensor_core = spec.tensor_core_layout()
+  multiplier_fn = spec.experimental_gradient_multiplier_fn
+  reads_step = multiplier_fn is not None or any(
+      table.learning_rate_fn is not None and not table.learning_rate
+      for table in layout.tables + tensor_core.tables)
+  if global_step is None and reads_step and tf.executing_eagerly():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
   tables = _mid_level_tables(layout, parameters, optimizer, global_step)
   tensor_core_tables = _mid_level_tables(tensor_core, parameters, optimizer,
                                          global_step)
+  if multiplier_fn is not None:
+    _warn_once(
+        'experimental_gradient_multiplier_fn has no mid-level setting: pass the '
+        'activation gradients through MidLevelConfig.scale_gradients before '
+        'TPUEmbedding.apply_gradients to keep it.')
   return MidLevelConfig(
       feature_config=_mid_level_features(layout, tables),
       optimizer=optimizer,
@@ -461,4 +500,6 @@ def to_mid_level(spec, global_step=None):
                                                      tensor_core_tables),
       tables=[t for _, t in sorted({**tables, **tensor_core_tables}.items())],
       weight_keys={f.name: f.weight_key for f in layout.features
-                   if f.weight_key})
+                   if f.weight_key},
+      gradient_multiplier=(None if multiplier_fn is None else
+                           GlobalStepFunction(multiplier_fn, global_step)))

@@ -85,4 +85,5 @@ class TPUEmbeddingEngine:
             for name in self.mid_level.feature_config}
 
   def apply_gradients(self, activation_gradients):
-    self.embedding.apply_gradients(self.gradients(activation_gradients))
+    self.embedding.apply_gradients(self.mid_level.scale_gradients(
+        self.gradients(activation_gradients)))
