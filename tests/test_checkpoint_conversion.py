@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -500,12 +501,22 @@ def _example(ids):
       feature=feature)).SerializeToString()
 
 
-def test_mid_level_export_serves_tables_and_rejects_bad_ids(trained, tmp_path):
+@pytest.mark.parametrize('source', ['mid_level', 'legacy'])
+def test_mid_level_export_serves_tables_and_rejects_bad_ids(
+    trained, source, tmp_path, monkeypatch):
+  """From either checkpoint format; tpu_fc writes nothing outside `export_dir`."""
   spec, model_dir, mid_level = trained
   feature_spec = {key: tf.io.VarLenFeature(tf.int64) for key in 'awbc'}
   feature_spec['w_weight'] = tf.io.VarLenFeature(tf.float32)
+  (tmp_path / 'tmp').mkdir()
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
   tpu_fc.serving.export_mid_level_saved_model(
-      str(tmp_path), spec, _SumOfActivations(), feature_spec, mid_level)
+      str(tmp_path / 'export'), spec, _SumOfActivations(), feature_spec,
+      mid_level if source == 'mid_level' else str(model_dir))
+  # (AutoGraph writes the code of the functions it converts there: TF's own.)
+  assert [name for name in os.listdir(tmp_path / 'tmp')
+          if not name.startswith('__autograph_generated_file')] == []
+  tmp_path = tmp_path / 'export'
   serve = tf.saved_model.load(str(tmp_path)).signatures['serving_default']
   legacy = checkpoint_values(model_dir)
   ids = {'a': [3], 'w': [4], 'b': [1], 'c': [6]}

@@ -197,6 +197,19 @@ def _table_variable_names(values, legacy_name):
 # Legacy -> mid-level -------------------------------------------------------------
 
 
+def legacy_table_values(spec, source):
+  """{table name: value} of the spec's embedding-core tables in a legacy checkpoint
+  (what serving needs of it: no slots, nothing written)."""
+  _, values = _read(source)
+  layout = spec.embedding_layout()
+  tables = {}
+  for table in layout.tables:
+    name = _find_legacy_names(values, layout, {})[table.name]
+    _check_shape(table, name, values[name])
+    tables[table.name] = values[name]
+  return tables
+
+
 def _mid_level_embedding(spec):
   """A CPU `TPUEmbedding` of the spec; its tables and slots by checkpoint child name."""
   mid_level = spec.to_mid_level()

@@ -5,8 +5,6 @@ The form a fully migrated model has: a TF2 object SavedModel of a
 followed by the migrated dense model.  (`TPUEstimator.export_saved_model` is
 `tpu_fc.estimator.saved_model`.)
 """
-import tempfile
-
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.lookup.embedding_core import check_ids
@@ -51,12 +49,14 @@ def _checked_ids(feature_name, table, ids):
 def _restore_tables(embedding, spec, checkpoint):
   """Loads `embedding`'s tables from a mid-level checkpoint, or a legacy one."""
   prefix = checkpoint_conversion.checkpoint_prefix(checkpoint)
-  if not checkpoint_conversion.is_mid_level_checkpoint(prefix):
-    prefix = checkpoint_conversion.to_mid_level_checkpoint(
-        spec, prefix, tempfile.mkdtemp(), fresh_slots=True)
-  status = tf.train.Checkpoint(embedding=embedding).read(prefix)
-  embedding.embedding_tables  # pylint: disable=pointless-statement  (builds them)
-  status.assert_existing_objects_matched()
+  if checkpoint_conversion.is_mid_level_checkpoint(prefix):
+    status = tf.train.Checkpoint(embedding=embedding).read(prefix)
+    embedding.embedding_tables  # pylint: disable=pointless-statement  (builds them)
+    status.assert_existing_objects_matched()
+    return
+  values = checkpoint_conversion.legacy_table_values(spec, prefix)
+  for table, variable in embedding.embedding_tables.items():
+    variable.assign(values[table.name])
 
 
 def export_mid_level_saved_model(export_dir, spec, dense_model, feature_spec,
