@@ -379,6 +379,38 @@ def test_conversion_refuses_to_repoint_a_model_dir(tmp_path, capsys):
   assert (tmp_path / 'legacy' / 'checkpoint').read_text() == state
 
 
+def test_conversion_back_into_a_model_dir_keeps_its_checkpoints(tmp_path):
+  """A mid-level checkpoint converted into the legacy model_dir it came from:
+  refused while that would overwrite a checkpoint (of its step or later, also
+  by the next train()), else added beside the earlier ones, all still listed."""
+  spec = make_spec()
+  legacy = tmp_path / 'legacy'
+  train(legacy, spec)  # step 2
+  before = {name: (legacy / name).read_bytes() for name in os.listdir(legacy)
+            if name.startswith('model.ckpt')}
+  listed = tf.train.get_checkpoint_state(str(legacy)).all_model_checkpoint_paths
+  mid_level = conversion.to_mid_level_checkpoint(spec, str(legacy),
+                                                 str(tmp_path / 'mid'))
+  with pytest.raises(conversion.CheckpointConversionError, match=(
+      r'Refusing to write .*model.ckpt-2: .* holds .*model.ckpt-2.*, of global '
+      r'step 2 or later')):
+    conversion.to_legacy_checkpoint(spec, mid_level, str(legacy))
+  assert {name: (legacy / name).read_bytes() for name in before} == before
+  # Trained on elsewhere to step 4, then brought back.
+  conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'elsewhere'))
+  train(tmp_path / 'elsewhere', spec)
+  step_4 = conversion.to_mid_level_checkpoint(
+      spec, str(tmp_path / 'elsewhere'), str(tmp_path / 'mid_4'))
+  conversion.to_legacy_checkpoint(spec, step_4, str(legacy))
+  state = tf.train.get_checkpoint_state(str(legacy))
+  assert list(state.all_model_checkpoint_paths) == list(listed) + [
+      str(legacy / 'model.ckpt-4')]
+  assert 'model_checkpoint_path: "model.ckpt-4"' in (
+      legacy / 'checkpoint').read_text()  # relative, as the estimator writes
+  assert {name: (legacy / name).read_bytes() for name in before} == before
+  assert train(legacy, spec, steps=1).get_variable_value('global_step') == 5
+
+
 def _spec_file(tmp_path):
   """SPEC_MODULE as a file, for `--spec FILE.py:spec`."""
   spec_file = tmp_path / 'model_spec.py'

@@ -355,9 +355,24 @@ def _embedding_children(values):
 
 
 def _write_legacy(values, destination, global_step):
-  """A name-based checkpoint of `values`, as `Saver.save` writes it."""
+  """A name-based checkpoint of `values`, as `Saver.save` writes it.
+
+  The destination's earlier checkpoints stay listed in its `checkpoint` file;
+  one of this global step or later is never overwritten (nor would training
+  from the new one overwrite it).
+  """
   tf.io.gfile.makedirs(destination)
   prefix = os.path.join(destination, '{}-{}'.format(_LEGACY_PREFIX, global_step))
+  state = tf.train.get_checkpoint_state(destination)
+  listed = list(state.all_model_checkpoint_paths) if state else []
+  later = [path for path in sorted(set(listed + [prefix]))
+           if tf.io.gfile.exists(path + '.index') and
+           int(re.search(r'(\d*)$', path).group(1) or -1) >= global_step]
+  if later:
+    raise CheckpointConversionError(
+        'Refusing to write {}: {} holds {}, of global step {} or later, which '
+        'the conversion or the next train() from it would overwrite. Choose a '
+        'new directory.'.format(prefix, destination, later, global_step))
   with tf.Graph().as_default(), tf.device('/cpu:0'):
     placeholders = {name: tf.compat.v1.placeholder(
         tf.as_dtype(value.dtype), np.shape(value))
@@ -365,7 +380,9 @@ def _write_legacy(values, destination, global_step):
     variables = {name: tf.compat.v1.Variable(placeholder, trainable=False,
                                              use_resource=True)
                  for name, placeholder in placeholders.items()}
-    saver = tf.compat.v1.train.Saver(variables, max_to_keep=None)
+    saver = tf.compat.v1.train.Saver(variables, max_to_keep=None,
+                                     save_relative_paths=True)
+    saver.recover_last_checkpoints(listed)
     with tf.compat.v1.Session() as session:
       session.run([v.initializer for v in variables.values()],
                   {placeholders[name]: value for name, value in values.items()})
