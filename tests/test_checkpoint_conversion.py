@@ -10,6 +10,7 @@ for bit.
 import contextlib
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -251,6 +252,29 @@ def test_use_tpu_false_partitioned_tables_convert_with_fresh_slots(tmp_path):
   # The model optimizer's slots of the table are kept, as dense variables.
   assert 'dense/{}.SAdagrad/.ATTRIBUTES/VARIABLE_VALUE'.format(
       partitioned_a.replace('/', '.S')) in mid_level
+
+
+def test_table_names_mistakes_are_refused(trained, tmp_path):
+  """A misspelled table, or a checkpoint name the checkpoint lacks: refused,
+  naming it and what there is (before: the first was ignored silently)."""
+  spec, model_dir, mid_level = trained
+  with pytest.raises(conversion.CheckpointConversionError, match=re.escape(
+      "table_names (--table-name) names ['tbl_aa'], which the spec has no table "
+      "of; its tables are ['tbl_a', 'tbl_b_c_shared_embedding', "
+      "'tbl_w_weighted_by_w_weight'].")):
+    conversion.to_mid_level_checkpoint(spec, str(model_dir), str(tmp_path / 'x'),
+                                       {'tbl_aa': A_TABLE})
+  with pytest.raises(conversion.CheckpointConversionError, match=re.escape(
+      "Table tbl_a: table_names (--table-name) gives it the checkpoint variable "
+      "'a_embeding', which the checkpoint does not hold; its variables of rank "
+      "2 are [") + '.*' + re.escape(A_TABLE)):
+    conversion.to_mid_level_checkpoint(spec, str(model_dir), str(tmp_path / 'x'),
+                                       {'tbl_a': 'a_embeding'})
+  with pytest.raises(conversion.CheckpointConversionError,
+                     match=re.escape("names ['tbl_zz'], which the spec has no")):
+    conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'x'),
+                                    {'tbl_zz': 'anything'})
+  assert not os.path.exists(tmp_path / 'x')
 
 
 def test_slots_of_another_optimizer_are_refused(tmp_path):

@@ -159,16 +159,34 @@ def _name_matches(name, table, layout):
   return name == suffix or name.endswith('/' + suffix)
 
 
+def _check_table_names(table_names, layout):
+  """Refuses `table_names` keys that are not the spec's tables (a misspelling
+  would otherwise leave its table to the default name)."""
+  unknown = sorted(set(table_names or {}) - {t.name for t in layout.tables})
+  if unknown:
+    raise CheckpointConversionError(
+        'table_names (--table-name) names {}, which the spec has no table of; '
+        'its tables are {}.'.format(unknown, [t.name for t in layout.tables]))
+
+
 def _find_legacy_names(values, layout, table_names):
   """Table name -> its legacy variable name in `values` (exactly one match)."""
+  _check_table_names(table_names, layout)
   found = {}
   for table in layout.tables:
     if table.name in table_names:
+      if table_names[table.name] not in values:
+        raise CheckpointConversionError(
+            'Table {}: table_names (--table-name) gives it the checkpoint '
+            'variable {!r}, which the checkpoint does not hold; its variables of '
+            'rank 2 are {}.'.format(
+                table.name, table_names[table.name],
+                sorted(n for n, v in values.items() if np.ndim(v) == 2)))
       candidates = [table_names[table.name]]
     else:
       candidates = [name for name, value in values.items()
                     if np.ndim(value) == 2 and _name_matches(name, table, layout)]
-    if len(candidates) != 1 or candidates[0] not in values:
+    if len(candidates) != 1:
       raise CheckpointConversionError(
           'Table {} (feature(s) {}): expected one checkpoint variable for it, '
           'found {}. Name it with table_names={{{!r}: <checkpoint name>}} '
@@ -325,6 +343,7 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
   recorded_key = _object_key(LEGACY_NAMES_KEY)
   recorded = (json.loads(values[recorded_key].decode())
               if recorded_key in values else {})
+  _check_table_names(table_names, layout)
   recorded.update(table_names or {})
   legacy = {}
   for table in layout.tables:
