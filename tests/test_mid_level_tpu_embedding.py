@@ -326,6 +326,16 @@ def _misuse_cases():
   def id_out_of_range(embedding):
     embedding.enqueue({'ids': tf.constant([1, 9], tf.int64)})
 
+  def float_ids(embedding):
+    embedding.enqueue({'ids': tf.ragged.constant([[1.0], [2.0, 3.0]])})
+
+  def dense_float_ids(embedding):  # (not cast silently: 1.7 is no id)
+    embedding.enqueue({'ids': tf.constant([1.7, 2.0])})
+
+  def one_weight_too_few(embedding):
+    embedding.enqueue({'ids': tf.ragged.constant([[1], [2, 3]], tf.int64)},
+                      weights={'ids': tf.ragged.constant([[1.0], [2.0]])})
+
   return [
       (unbuilt_apply, RuntimeError, 'apply_gradients called on unbuilt '
        'TPUEmbedding object. Please either call enqueue first'),
@@ -341,6 +351,14 @@ def _misuse_cases():
       (two_functions, RuntimeError, 'must run where enqueue ran'),
       (id_out_of_range, tf.errors.InvalidArgumentError,
        r'Feature ids \(table ids\): ids \[9\] are out of range \[0, 6\)'),
+      (float_ids, ValueError, r"Input ids: the values contained by the inputs "
+       r"have type <dtype: 'float32'> and cannot be processed. All values "
+       r"should be indices, either of type `int32` or `int64`."),
+      (dense_float_ids, ValueError, r"Input ids: the values .* type <dtype: "
+       r"'float32'>"),
+      (one_weight_too_few, ValueError, r'Feature ids: the weights given to '
+       r'enqueue must hold one weight per id, at the same indices; got 2 '
+       r'weights for 3 ids.'),
   ]
 
 

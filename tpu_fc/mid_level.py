@@ -25,12 +25,17 @@ from tpu_fc.lookup import embedding_core
 
 def _as_ids(path, value, feature):
   """A feature's input as the engine takes it: dense ids one per example."""
-  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-    return value
-  if not isinstance(value, tf.Tensor):
+  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
                      'SparseTensor or RaggedTensor as input to enqueue.'.format(
                          path, type(value)))
+  if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
+    raise ValueError(
+        'Input {}: the values contained by the inputs have type {} and cannot '
+        'be processed. All values should be indices, either of type `int32` or '
+        '`int64`.'.format(path, value.dtype))
+  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+    return value
   if feature.max_sequence_length > 0:
     raise ValueError('Feature {} is a sequence feature but a dense tensor was '
                      'passed.'.format(path))

@@ -157,9 +157,14 @@ def _static_batch(features, embedding_features):
 
 def _check_weights(feature, ids, weights):
   """`weights`, failing (naming the feature) unless one finite weight per id."""
-  mismatch = ('Feature {}: weights {} must hold one weight per id, at the same '
+  # A column's weight feature (from input_fn), or the weights given to a
+  # mid-level enqueue.
+  source, fix_in = (('weights ' + feature.weight_key, 'input_fn')
+                    if feature.weight_key else
+                    ('the weights given to enqueue', 'the input'))
+  mismatch = ('Feature {}: {} must hold one weight per id, at the same '
               'indices; got {{}} weights for {{}} ids.'.format(
-                  feature.name, feature.weight_key))
+                  feature.name, source))
   count, expected = weights.shape[0], ids.values.shape[0]
   if count is not None and expected is not None and count != expected:
     raise ValueError(mismatch.format(count, expected))
@@ -169,8 +174,8 @@ def _check_weights(feature, ids, weights):
       input_check(tf.equal(count, expected),
                   lambda: tf.strings.format(mismatch, (count, expected))),
       input_check(tf.reduce_all(finite), lambda: tf.strings.format(
-          'Feature {}: weights {} must be finite; got {{}}. Drop or replace '
-          'them in input_fn.'.format(feature.name, feature.weight_key),
+          'Feature {}: {} must be finite; got {{}}. Drop or replace them in '
+          '{}.'.format(feature.name, source, fix_in),
           tf.boolean_mask(weights, tf.logical_not(finite)), summarize=8)),
   ]
   with tf.control_dependencies(checks):
