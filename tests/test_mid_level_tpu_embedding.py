@@ -274,6 +274,30 @@ def test_eager_steps_and_tf_function_steps_match_the_reference(function):
       table, slots)
 
 
+def test_dequeue_gives_the_configs_structure_in_plain_containers():
+  """As the feature config was given (a dict of a dict and a list here), not
+  TF's tracking wrappers, which a tf.function cannot return on TF 2.15."""
+  video, user = _tables()
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      {'watched': {'now': embedding_api.FeatureConfig(table=video)},
+       'users': [embedding_api.FeatureConfig(table=user)]},
+      embedding_api.SGD(0.1))
+
+  def lookup():
+    embedding.enqueue({'watched': {'now': tf.constant([1, 2], tf.int64)},
+                       'users': [tf.constant([0, 3], tf.int64)]},
+                      training=False)
+    return embedding.dequeue()
+
+  for activations in (tf.function(lookup)(), lookup()):  # traced, then eager
+    assert type(activations) is dict and type(activations['watched']) is dict
+    assert type(activations['users']) is list
+  np.testing.assert_allclose(activations['watched']['now'],
+                             [[0.2, 0.3], [0.4, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(activations['users'][0],
+                             [[0.0, 0.1, 0.2], [0.9, 1.0, 1.1]], rtol=1e-6)
+
+
 def test_the_tape_reaches_no_table():
   """As on a TPU, the model's tape sees activations, not tables: a Keras
   optimizer over everything trainable cannot update a table twice."""

@@ -17,6 +17,8 @@ One step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or within one
 TF's own class, allowed outside a `TPUStrategy`: its lookup already runs on a
 CPU, and its tables get row (`IndexedSlices`) gradients.
 """
+import functools
+
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
@@ -141,6 +143,12 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     named = internals.flatten_with_joined_string_paths(feature_config)
     for path, feature in named:
       _check_output_shape(path, feature)
+    # The config's structure in plain containers, for dequeue's result: an
+    # attribute holds it wrapped (TF's tracking), and on TF 2.15 a tf.function
+    # cannot return such a wrapper (wrapt's proxy breaks its type tracing).
+    self._like_config = functools.partial(
+        tf.nest.pack_sequence_as, tf.nest.map_structure(lambda _: 0,
+                                                        feature_config))
     super().__init__(feature_config, optimizer)
     self._pipelined = pipeline_execution_with_tensor_core
     self._parked = False  # a pipelined update waits for the next lookup
@@ -267,8 +275,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     """The activations of the last `enqueue` (the feature config's structure)."""
     del name
     step = self._current_step('dequeue')
-    return tf.nest.pack_sequence_as(
-        self._feature_config, [step.activations[path] for path in self._paths])
+    return self._like_config([step.activations[path] for path in self._paths])
 
   @_not_autographed
   def apply_gradients(self, gradients, name=None):
