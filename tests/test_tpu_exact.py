@@ -6,6 +6,7 @@ Each test names the TF test (tensorflow/estimator r2.15,
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -574,6 +575,70 @@ def test_tables_have_the_graph_names_of_tf_tpu_mode(tmp_path,
   assert not [name for name in hook.names if name.startswith('tpu_embedding/')]
   saved = {name for name, _ in tf.train.list_variables(str(tmp_path))}
   assert {shared, shared + '/Adagrad', plain, plain + '/Adagrad'} <= saved
+
+
+class _InitialValuesHook(tf.compat.v1.train.SessionRunHook):
+  """The values of graph variables `names` once the session is initialized."""
+
+  def __init__(self, names):
+    self._names = names
+
+  def begin(self):
+    variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+    self._variables = [variables[name] for name in self._names]
+
+  def after_create_session(self, session, coord):
+    self.values = session.run(self._variables)
+
+
+@pytest.mark.parametrize('how', ['warm_start_by_names', 'init_from_checkpoint'])
+def test_tables_initialize_from_a_checkpoint_as_tf_tpu_modes_parts(tmp_path, how):
+  """TF's TPU mode made tables and slots as the one part of a partitioned
+  variable, so TF's warm start by variable names and `init_from_checkpoint`
+  in a `scaffold_fn` find them by their legacy names; so do tpu_fc's (before:
+  `... Adagrad/part_0 is not found`, and a crash without a slice info)."""
+  columns = [tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('ids3', 5), 4)]
+  plain = 'dense_features/ids3_embedding/embedding_weights'
+
+  def input_fn(params):
+    return _weighted_input_fn(params).map(lambda f, l: ({'ids3': f['ids1']}, l))
+
+  def estimator(model_dir, warm_start_from=None, init_from=None):
+    def model_fn(features, labels, mode, params):
+      spec = _model_fn(columns)(features, labels, mode, params)
+      if init_from is None:
+        return spec
+
+      def scaffold_fn():
+        tf.compat.v1.train.init_from_checkpoint(
+            init_from, {'dense_features/': 'dense_features/'})
+        return tf.compat.v1.train.Scaffold()
+      return spec._replace(scaffold_fn=scaffold_fn)
+
+    return tpu_fc.TPUEstimator(
+        model_fn=model_fn, train_batch_size=2, warm_start_from=warm_start_from,
+        config=tpu_fc.RunConfig(model_dir=str(model_dir)),
+        embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+            feature_columns=columns,
+            optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+
+  source = estimator(tmp_path / 'source')
+  source.train(input_fn, steps=2)
+  warm_start = init_from = None
+  if how == 'warm_start_by_names':
+    warm_start = types.SimpleNamespace(  # a tf.estimator.WarmStartSettings
+        ckpt_to_initialize_from=str(tmp_path / 'source'),
+        vars_to_warm_start=[plain, plain + '/Adagrad'],
+        var_name_to_vocab_info=None, var_name_to_prev_var_name=None)
+  else:
+    init_from = str(tmp_path / 'source')
+  hook = _InitialValuesHook([plain + '/part_0', plain + '/Adagrad/part_0'])
+  estimator(tmp_path / 'warm', warm_start, init_from).train(
+      input_fn, steps=1, hooks=[hook])
+  np.testing.assert_array_equal(hook.values[0], source.get_variable_value(plain))
+  np.testing.assert_array_equal(hook.values[1],
+                                source.get_variable_value(plain + '/Adagrad'))
 
 
 def test_shared_tensor_core_columns_on_several_shards(tmp_path):

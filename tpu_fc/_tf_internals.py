@@ -93,6 +93,15 @@ op_list_to_dict = saveable_object_util.op_list_to_dict
 escape_checkpoint_name = trackable_utils.escape_local_name
 make_saveable_from_iterator = iterator_ops.make_saveable_from_iterator
 PartitionedVariable = variables_lib.PartitionedVariable
+
+
+def mark_as_only_part(variable, full_name):
+  """Makes `variable` the one part of a partitioned variable `full_name`, as
+  TF's TPU mode creates tables and slots (`.../part_0`): TF's warm start and
+  `init_from_checkpoint` find a part by that name."""
+  shape = variable.shape.as_list()
+  variable._set_save_slice_info(variables_lib.Variable.SaveSliceInfo(
+      full_name, shape, [0] * len(shape), shape))
 with_variable_store = variable_scope.with_variable_store
 
 

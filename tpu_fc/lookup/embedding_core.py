@@ -21,6 +21,7 @@ import collections
 
 import numpy as np
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
 from tpu_fc._tf import tf
 from tpu_fc.lookup import sparse_update
@@ -439,10 +440,14 @@ class HostEmbeddingEngine:
     with tf.init_scope():
       for table in self.layout.tables:
         full_name = names[table.name]
-        self._create_table(
-            table, full_name + '/part_0',
-            {slot: '{}/{}/part_0'.format(full_name, suffix)
-             for suffix, slot in self.table_parameters(table).SLOTS})
+        slot_names = {slot: '{}/{}'.format(full_name, suffix)
+                      for suffix, slot in self.table_parameters(table).SLOTS}
+        self._create_table(table, full_name + '/part_0',
+                           {slot: name + '/part_0'
+                            for slot, name in slot_names.items()})
+        internals.mark_as_only_part(self.tables[table.name], full_name)
+        for slot, variable in self.slots.get(table.name, {}).items():
+          internals.mark_as_only_part(variable, slot_names[slot])
         sparse_update.bind_variable_handle(self._handles[table.name],
                                            self.tables[table.name])
 
