@@ -4,6 +4,7 @@ Each test names the TF test (tensorflow/estimator r2.15,
 `tensorflow_estimator/python/estimator/tpu/`) whose behaviour it checks.
 """
 import os
+import re
 import subprocess
 import sys
 import types
@@ -192,6 +193,28 @@ def test_tpu_evaluation_steps_are_checked(tmp_path, steps, error, text):
   with pytest.raises(error) as raised:
     estimator.evaluate(_dense_input_fn, steps=steps)
   assert str(raised.value) == text
+
+
+@pytest.mark.parametrize('mode', ['evaluate', 'predict'])
+def test_tpu_evaluate_and_predict_need_their_batch_size(mode, tmp_path):
+  """TF 2.15's `_InternalTPUContext._validate_tpu_configuration` (its text),
+  checked before input_fn, whose params['batch_size'] would be missing.  (TF's
+  own class fails earlier without a TPU: 'Cannot find any TPU cores'.)"""
+  def input_fn(params):
+    raise AssertionError('input_fn called with {}'.format(params))
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_model_fn([]), use_tpu=True, train_batch_size=2,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)))
+  name, method = (('eval_batch_size', 'evaluate') if mode == 'evaluate' else
+                  ('predict_batch_size', 'predict'))
+  with pytest.raises(ValueError, match=re.escape(
+      '{} in TPUEstimator constructor cannot be `None` if .{} is running on '
+      'TPU.'.format(name, method))):
+    if mode == 'evaluate':
+      estimator.evaluate(input_fn, steps=1)
+    else:
+      next(estimator.predict(input_fn))
 
 
 def test_broadcast_input_gives_every_shard_the_whole_batch(tmp_path):

@@ -878,11 +878,17 @@ class TPUEstimator(object):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
     return self._config.tpu_config.num_shards or 1
 
+  def _check_batch_size_given(self, mode):
+    """TF 2.15's check before input_fn: evaluate and predict on a TPU need
+    their batch size."""
+    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
+             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
+    if mode in names and self._batch_sizes[mode] is None:
+      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
+                       'is running on TPU.'.format(*names[mode]))
+
   def _check_batch_divisible(self, mode, num_shards):
     batch_size = self._batch_sizes[mode]
-    if mode == ModeKeys.EVAL and batch_size is None:
-      raise ValueError('eval_batch_size in TPUEstimator constructor cannot be '
-                       '`None` if .evaluate is running on TPU.')
     if batch_size is not None and batch_size % num_shards:
       raise ValueError('{} batch size {} must be divisible by number of '
                        'replicas {}'.format(mode, batch_size, num_shards))
@@ -920,6 +926,8 @@ class TPUEstimator(object):
       raise ValueError('input_fn ({}) does not include params argument, '
                        'required by TPUEstimator to pass batch size as '
                        'params["batch_size"]'.format(input_fn))
+    if not self._running_on_cpu(mode):
+      self._check_batch_size_given(mode)
     kwargs = {'params': self._params_for(mode)}
     self._add_tpu_context(kwargs['params'], mode, call_from_input_fn=True)
     if 'config' in args:
