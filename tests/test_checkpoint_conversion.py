@@ -225,6 +225,25 @@ def test_native_mid_level_checkpoint_gets_dense_features_names(tmp_path):
   assert legacy['global_step'] == 0
 
 
+def test_object_checkpoint_with_the_embedding_elsewhere_is_named_so(tmp_path):
+  """A Keras-style checkpoint, the TPUEmbedding under `model/embedding`: not
+  read as legacy, and the conversion says where the tables must be."""
+  spec = make_spec()
+  config = spec.to_mid_level()
+  holder = tf.Module()
+  holder.embedding = tf.tpu.experimental.embedding.TPUEmbedding(
+      config.feature_config, config.optimizer)
+  holder.embedding.build()
+  prefix = tf.train.Checkpoint(model=holder).write(str(tmp_path / 'ck'))
+  assert conversion.inspect_checkpoint(prefix)['format'] == (
+      'object-based, no embedding/ key')
+  with pytest.raises(conversion.CheckpointConversionError, match=re.escape(
+      "is an object-based checkpoint, but its tables are not under the root "
+      "key 'embedding' (its keys begin ['model']): save the TPUEmbedding as tf.train.Checkpoint(embedding=<the "
+      "TPUEmbedding>, ...) to convert it.")):
+    conversion.to_legacy_checkpoint(spec, prefix, str(tmp_path / 'x'))
+
+
 def test_use_tpu_false_partitioned_tables_convert_with_fresh_slots(tmp_path):
   spec = make_spec(OPTIMIZERS['adam'])
   train(tmp_path, spec, use_tpu=False, partitioned=True)

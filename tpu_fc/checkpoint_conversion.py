@@ -97,6 +97,12 @@ def is_mid_level_checkpoint(prefix):
   return _is_mid_level(names)
 
 
+def _is_object_based(path):
+  """Whether the checkpoint at `path` was written by `tf.train.Checkpoint`."""
+  return _OBJECT_GRAPH_KEY in tf.train.load_checkpoint(
+      checkpoint_prefix(path)).get_variable_to_shape_map()
+
+
 def _is_mid_level(names):
   return any(name.startswith(EMBEDDING_KEY + '/') and
              name.endswith(_ATTRIBUTE_SUFFIX) for name in names)
@@ -336,6 +342,13 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
   _check_destination(source, destination, 'legacy')
   _, values = _read(source)
   if not _is_mid_level(values):
+    if _is_object_based(source):
+      raise CheckpointConversionError(
+          '{} is an object-based checkpoint, but its tables are not under the '
+          'root key {!r} (its keys begin {}): save the TPUEmbedding as '
+          'tf.train.Checkpoint({}=<the TPUEmbedding>, ...) to convert it.'.format(
+              source, EMBEDDING_KEY, sorted({k.split('/')[0] for k in values}),
+              EMBEDDING_KEY))
     raise CheckpointConversionError(
         '{} is not a mid-level (object-based) checkpoint: no {}/... '
         'variables.'.format(source, EMBEDDING_KEY))
@@ -476,7 +489,9 @@ def inspect_checkpoint(path, spec=None):
     global_step = values.get(_GLOBAL_STEP_NAME)
   return {
       'checkpoint': prefix,
-      'format': 'mid-level' if mid_level else 'legacy',
+      'format': ('mid-level' if mid_level else
+                 'object-based, no embedding/ key' if _is_object_based(prefix)
+                 else 'legacy'),
       'global_step': None if global_step is None else int(global_step),
       'tables': tables,
       'dense_variables': [
