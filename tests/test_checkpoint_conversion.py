@@ -91,7 +91,8 @@ def input_fn(params):
 def train(model_dir, spec, use_tpu=True, steps=2, **params):
   estimator = tpu_fc.TPUEstimator(
       model_fn=model_fn, model_dir=str(model_dir), use_tpu=use_tpu,
-      train_batch_size=BATCH, params=dict(params, columns=spec.feature_columns),
+      train_batch_size=BATCH,
+      params=dict({'columns': spec.feature_columns}, **params),
       embedding_config_spec=spec if use_tpu else None,
       config=tpu_fc.RunConfig(tf_random_seed=1))
   estimator.train(input_fn, steps=steps)
@@ -188,6 +189,39 @@ def test_names_with_dots_convert_both_ways(tmp_path):
                                 original['head.v2.Scale/dense/kernel'])
   estimator = train(tmp_path / 'back', spec, steps=1, head_scope='head.v2.Scale')
   assert estimator.get_variable_value('global_step') == 3
+
+
+def test_tensor_core_tables_convert_for_tpu_embedding_v0_and_back(tmp_path):
+  """A `tpu_tensor_core` column's table (trained by the model's optimizer):
+  `tensor_core/<table>` restores into a `TPUEmbeddingV0` of the spec's
+  `tensor_core_feature_config`; its model-optimizer slot stays dense; back,
+  the original checkpoint bit for bit."""
+  t = tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('a', 10), 4,
+      embedding_lookup_device='tpu_tensor_core', tensor_core_shape=[None, 2])
+  w = make_spec().feature_columns[1]
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_columns=[t, w], optimization_parameters=OPTIMIZERS['adagrad'])
+  train(tmp_path / 'legacy', spec, columns=[t, w])  # (the spec moves t apart)
+  original = checkpoint_values(tmp_path / 'legacy')
+  mid_level = conversion.to_mid_level_checkpoint(spec, str(tmp_path / 'legacy'),
+                                                 str(tmp_path / 'mid'))
+  config = spec.to_mid_level()
+  v0 = tpu_fc.mid_level.TPUEmbeddingV0(config.tensor_core_feature_config,
+                                       config.optimizer)
+  status = tf.train.Checkpoint(tensor_core=v0).read(mid_level)
+  v0.build()
+  status.assert_existing_objects_matched()
+  (table,) = v0.embedding_tables.values()
+  np.testing.assert_array_equal(table.numpy(), original[A_TABLE])
+  report = conversion.inspect_checkpoint(mid_level)
+  assert 'tbl_a' in [entry['name'] for entry in report['tables']]
+  assert A_TABLE + '/Adagrad' in [v['name'] for v in report['dense_variables']]
+  back = checkpoint_values(conversion.to_legacy_checkpoint(
+      spec, mid_level, str(tmp_path / 'back')))
+  assert sorted(back) == sorted(n for n in original if not naming.is_dummy(n))
+  for name, value in back.items():
+    np.testing.assert_array_equal(value, original[name], err_msg=name)
 
 
 def test_converted_back_checkpoint_resumes_training(tmp_path):

@@ -22,6 +22,7 @@ import numpy as np
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
+from tpu_fc import mid_level as mid_level_lib
 from tpu_fc import migration
 from tpu_fc import naming
 from tpu_fc import optimizers
@@ -30,6 +31,7 @@ from tpu_fc.estimator import checkpoints
 from tpu_fc._tf import tf
 
 EMBEDDING_KEY = 'embedding'
+TENSOR_CORE_KEY = 'tensor_core'
 DENSE_KEY = 'dense'
 GLOBAL_STEP_KEY = 'global_step'
 LEGACY_NAMES_KEY = 'legacy_table_names'
@@ -165,19 +167,21 @@ def _name_matches(name, table, layout):
   return name == suffix or name.endswith('/' + suffix)
 
 
-def _check_table_names(table_names, layout):
+def _check_table_names(table_names, spec):
   """Refuses `table_names` keys that are not the spec's tables (a misspelling
   would otherwise leave its table to the default name)."""
-  unknown = sorted(set(table_names or {}) - {t.name for t in layout.tables})
+  tables = sorted(t.name for layout in (spec.embedding_layout(),
+                                        spec.tensor_core_layout())
+                  for t in layout.tables)
+  unknown = sorted(set(table_names or {}) - set(tables))
   if unknown:
     raise CheckpointConversionError(
         'table_names (--table-name) names {}, which the spec has no table of; '
-        'its tables are {}.'.format(unknown, [t.name for t in layout.tables]))
+        'its tables are {}.'.format(unknown, tables))
 
 
 def _find_legacy_names(values, layout, table_names):
   """Table name -> its legacy variable name in `values` (exactly one match)."""
-  _check_table_names(table_names, layout)
   found = {}
   for table in layout.tables:
     if table.name in table_names:
@@ -234,11 +238,9 @@ def legacy_table_values(spec, source):
   return tables
 
 
-def _mid_level_embedding(spec):
-  """A CPU `TPUEmbedding` of the spec; its tables and slots by checkpoint child name."""
-  mid_level = spec.to_mid_level()
-  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
-      mid_level.feature_config, mid_level.optimizer)
+def _built(embedding):
+  """`embedding` (a mid-level API object), built; its tables and slots by
+  checkpoint child name."""
   embedding.embedding_tables  # pylint: disable=pointless-statement  (builds them)
   children = tf.train.TrackableView(embedding).children(embedding)
   return embedding, {name: child for name, child in children.items()
@@ -299,8 +301,11 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
   if _is_mid_level(values):
     raise CheckpointConversionError(
         '{} is already a mid-level (object-based) checkpoint.'.format(source))
-  embedding, variables = _mid_level_embedding(spec)  # fails first if no twin
+  config = spec.to_mid_level()  # fails first if no twin
+  embedding, variables = _built(tf.tpu.experimental.embedding.TPUEmbedding(
+      config.feature_config, config.optimizer))
   layout = spec.embedding_layout()
+  _check_table_names(table_names, spec)
   legacy_names = _find_legacy_names(values, layout, dict(table_names or {}))
   new_values, carried = {}, set()
   for table in layout.tables:
@@ -309,13 +314,29 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
         fresh_slots)
     new_values.update(table_values)
     carried.update(sources)
+  tensor_core = spec.tensor_core_layout()
+  if tensor_core.tables:
+    # Tables the model's optimizer trains: their slots (legacy `<table>/...`)
+    # stay dense; `TPUEmbeddingV0`'s own slots keep their initial values.
+    tensor_core_embedding, tensor_core_variables = _built(
+        mid_level_lib.TPUEmbeddingV0(config.tensor_core_feature_config,
+                                     config.optimizer))
+    tensor_core_names = _find_legacy_names(values, tensor_core,
+                                           dict(table_names or {}))
+    for table in tensor_core.tables:
+      name = tensor_core_names[table.name]
+      _check_shape(table, name, values[name])
+      tensor_core_variables[table.name].assign(values[name])
+      carried.add(name)
+    legacy_names.update(tensor_core_names)
   dense = {name: value for name, value in values.items()
            if name not in carried and name != _GLOBAL_STEP_NAME
            and not naming.is_dummy(name)}
   global_step = values.get(_GLOBAL_STEP_NAME, np.int64(0))
   for name, variable in variables.items():
     variable.assign(new_values[name])
-  checkpoint = tf.train.Checkpoint(**{
+  objects = {TENSOR_CORE_KEY: tensor_core_embedding} if tensor_core.tables else {}
+  checkpoint = tf.train.Checkpoint(**objects, **{
       EMBEDDING_KEY: embedding,
       DENSE_KEY: {name: tf.Variable(value, name=name.replace('/', '_'))
                   for name, value in dense.items()},  # legacy names as keys
@@ -356,7 +377,7 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
   recorded_key = _object_key(LEGACY_NAMES_KEY)
   recorded = (json.loads(values[recorded_key].decode())
               if recorded_key in values else {})
-  _check_table_names(table_names, layout)
+  _check_table_names(table_names, spec)
   recorded.update(table_names or {})
   legacy = {}
   for table in layout.tables:
@@ -376,7 +397,21 @@ def to_legacy_checkpoint(spec, source, destination, table_names=None):
             'Table {}: the mid-level checkpoint lacks the {} slot {!r}.'.format(
                 table.name, type(parameters).__name__, slot))
       legacy['{}/{}'.format(legacy_name, suffix)] = values[slot_key]
-  legacy.update(_children(values, DENSE_KEY))
+  dense = _children(values, DENSE_KEY)
+  tensor_core = spec.tensor_core_layout()
+  for table in tensor_core.tables:
+    key = _object_key(TENSOR_CORE_KEY, table.name)
+    legacy_name = (recorded.get(table.name) or
+                   _default_legacy_name(table, tensor_core))
+    if key in values:
+      _check_shape(table, key, values[key])
+      legacy[legacy_name] = values[key]
+    elif legacy_name not in dense:  # (converted before tensor_core/ existed)
+      raise CheckpointConversionError(
+          'Tensor-core table {} is not in the mid-level checkpoint {} (it has '
+          '{}).'.format(table.name, source,
+                        sorted(_children(values, TENSOR_CORE_KEY))))
+  legacy.update(dense)
   global_step = values.get(_object_key(GLOBAL_STEP_KEY), np.int64(0))
   legacy[_GLOBAL_STEP_NAME] = np.int64(global_step)
   return _write_legacy(legacy, destination, int(global_step))
@@ -460,16 +495,17 @@ def inspect_checkpoint(path, spec=None):
   legacy_signatures, mid_level_signatures = _slot_signatures()
   tables, table_variables = [], set()
   if mid_level:
-    children = _children(values, EMBEDDING_KEY)
-    # A table's slots are its children `<table>/<slot>`; table names may hold '/'.
-    slot_names = {c for c in children for t in children
-                  if c.startswith(t + '/')}
-    for name in sorted(set(children) - slot_names):
-      slots = {c[len(name) + 1:]: list(np.shape(children[c]))
-               for c in slot_names if c.startswith(name + '/')}
-      tables.append(_table_entry(name, children[name], slots,
-                                 mid_level_signatures))
-    table_variables = {k for k in values if k.startswith(EMBEDDING_KEY + '/')}
+    for key in (EMBEDDING_KEY, TENSOR_CORE_KEY):
+      children = _children(values, key)
+      # A table's slots are its children `<table>/<slot>`; names may hold '/'.
+      slot_names = {c for c in children for t in children
+                    if c.startswith(t + '/')}
+      for name in sorted(set(children) - slot_names):
+        slots = {c[len(name) + 1:]: list(np.shape(children[c]))
+                 for c in slot_names if c.startswith(name + '/')}
+        tables.append(_table_entry(name, children[name], slots,
+                                   mid_level_signatures))
+      table_variables.update(k for k in values if k.startswith(key + '/'))
     dense = _children(values, DENSE_KEY)
     global_step = values.get(_object_key(GLOBAL_STEP_KEY))
   else:
