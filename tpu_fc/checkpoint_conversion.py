@@ -230,12 +230,10 @@ def legacy_table_values(spec, source):
   (what serving needs of it: no slots, nothing written)."""
   _, values = _read(source)
   layout = spec.embedding_layout()
-  tables = {}
+  names = _find_legacy_names(values, layout, {})
   for table in layout.tables:
-    name = _find_legacy_names(values, layout, {})[table.name]
-    _check_shape(table, name, values[name])
-    tables[table.name] = values[name]
-  return tables
+    _check_shape(table, names[table.name], values[names[table.name]])
+  return {table: values[name] for table, name in names.items()}
 
 
 def _built(embedding):
