@@ -562,6 +562,44 @@ def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps, input_kind):
   assert metrics['loss'] == pytest.approx(mean_label)  # shard 0's, per batch
 
 
+def test_tpu_evaluation_metrics_updated_by_a_variable_assignment(tmp_path):
+  """Metrics whose update op is a resource variable's `assign_add`
+  (`true_positives`, `mean_iou`), as a TPU's host computes them over every
+  shard and step (before: refused as 'not from the default graph')."""
+  def model_fn(features, labels, mode, params):
+    del params
+    predictions = features['x'][:, :1]  # the first column predicts the label
+    loss = tf.reduce_mean(tf.compat.v1.layers.dense(features['x'], 1))
+    if mode == tpu_fc.ModeKeys.EVAL:
+      def metric_fn(labels, predictions):
+        positive = tf.equal(labels, 1.0)
+        return {
+            'tp': tf.compat.v1.metrics.true_positives(
+                positive, tf.equal(predictions, 1.0)),
+            'miou': tf.compat.v1.metrics.mean_iou(
+                tf.cast(labels, tf.int64), tf.cast(predictions, tf.int64), 2)}
+      return tpu_fc.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
+          metric_fn, [labels, predictions]))
+    return _trained(mode, loss, rate=0.0)
+
+  def input_fn(params):
+    del params
+    labels = tf.constant([[1.0], [0.0], [1.0], [1.0]])
+    predicted = tf.constant([[1.0], [0.0], [0.0], [1.0]])  # one false negative
+    return tf.data.Dataset.from_tensors(
+        ({'x': tf.concat([predicted, tf.ones([4, 1])], 1)}, labels)).repeat()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4, eval_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2)))
+  estimator.train(input_fn, steps=1)
+  metrics = estimator.evaluate(input_fn, steps=3)
+  assert metrics['tp'] == 2 * 3  # 2 true positives a batch (both shards), 3 steps
+  # Per batch: class 0: 1 right + 1 missed (IoU 1/2); class 1: 2 of 3 (2/3).
+  assert metrics['miou'] == pytest.approx((1 / 2 + 2 / 3) / 2)
+
+
 class _GraphVariablesHook(tf.compat.v1.train.SessionRunHook):
   """The global variables' graph names, as hooks and user code see them."""
 

@@ -27,9 +27,12 @@ _GRAPH_ERROR = (
     'in the most recent call to "model_fn".')
 
 
-def _in_default_graph(tensor):
-  return (tf.executing_eagerly() or
-          tensor.graph is tf.compat.v1.get_default_graph())
+def _in_default_graph(value):
+  """Whether `value` (a tensor or op) was built in the default graph; a
+  resource variable's `assign_add` (the update op of some metrics) by its op:
+  its `graph` is its variable's, outside the emulated TPU loop's body."""
+  return (tf.executing_eagerly() or getattr(value, 'op', value).graph is
+          tf.compat.v1.get_default_graph())
 
 
 def _check_is_tensor(x, name):
