@@ -610,6 +610,22 @@ def _example(ids):
       feature=feature)).SerializeToString()
 
 
+def test_mid_level_export_refuses_string_ids(trained, tmp_path):
+  """A vocabulary column's feature parsed as strings: refused at export (the
+  mid-level lookup takes ids; before: every request failed in a Cast)."""
+  spec, _, mid_level = trained
+  feature_spec = {key: tf.io.VarLenFeature(tf.int64) for key in 'awbc'}
+  feature_spec['a'] = tf.io.VarLenFeature(tf.string)
+  feature_spec['w_weight'] = tf.io.VarLenFeature(tf.float32)
+  with pytest.raises(ValueError, match=re.escape(
+      'Feature a: feature_spec parses it as string, but the mid-level lookup '
+      'takes integer ids')):
+    tpu_fc.serving.export_mid_level_saved_model(
+        str(tmp_path / 'export'), spec, _SumOfActivations(), feature_spec,
+        mid_level)
+  assert not os.path.exists(tmp_path / 'export')
+
+
 @pytest.mark.parametrize('source', ['mid_level', 'legacy'])
 def test_mid_level_export_serves_tables_and_rejects_bad_ids(
     trained, source, tmp_path, monkeypatch):

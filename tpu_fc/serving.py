@@ -46,6 +46,21 @@ def _checked_ids(feature_name, table, ids):
   return check(ids)
 
 
+def _check_integer_ids(spec, feature_spec):
+  """Refuses a `feature_spec` that parses an embedding feature as other than
+  integer ids: the mid-level lookup does not apply a column's string-to-id
+  mapping (every request would fail)."""
+  for feature in spec.embedding_layout().features:
+    parsed = feature_spec.get(feature.name)
+    if parsed is not None and not parsed.dtype.is_integer:
+      raise ValueError(
+          'Feature {}: feature_spec parses it as {}, but the mid-level lookup '
+          'takes integer ids (its column\'s vocabulary or hashing is not '
+          'applied). Parse the ids the column maps the strings to, or serve '
+          'with TPUEstimator.export_saved_model, whose columns map them.'
+          .format(feature.name, parsed.dtype.name))
+
+
 def _restore_tables(embedding, spec, checkpoint):
   """Loads `embedding`'s tables from a mid-level checkpoint, or a legacy one."""
   prefix = checkpoint_conversion.checkpoint_prefix(checkpoint)
@@ -73,6 +88,7 @@ def export_mid_level_saved_model(export_dir, spec, dense_model, feature_spec,
 
   The `serving_default` signature takes serialized `tf.Example`s (`examples`).
   """
+  _check_integer_ids(spec, feature_spec)
   model = MidLevelServingModel(spec, dense_model)
   _restore_tables(model.embedding, spec, checkpoint)
 
