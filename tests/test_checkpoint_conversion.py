@@ -505,6 +505,16 @@ def test_cli_reports_bad_input_without_traceback(tmp_path):
       '{}.'.format(tmp_path))
   with pytest.raises(SystemExit, match="has no attribute 'nope'"):
     cli.main(['inspect', str(tmp_path), '--spec', '{}:nope'.format(spec_file)])
+  with pytest.raises(SystemExit, match=re.escape(
+      "tpu-fc inspect: error: --spec no_such_module:spec: cannot import "
+      "no_such_module (No module named 'no_such_module'; relative module paths "
+      "start at")):
+    cli.main(['inspect', str(tmp_path), '--spec', 'no_such_module:spec'])
+  with pytest.raises(SystemExit, match=re.escape(
+      'tpu-fc convert-checkpoint: error: Refusing to write the legacy '
+      'checkpoint into {}: it is a file. Choose a directory.'.format(spec_file))):
+    cli.main(['convert-checkpoint', '--to', 'legacy', '--spec',
+              '{}:spec'.format(spec_file), str(tmp_path), str(spec_file)])
 
 
 LEGACY_SCRIPT = '''

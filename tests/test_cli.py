@@ -60,3 +60,17 @@ def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
   assert missing.returncode != 0
   assert 'no such script nope.py (relative paths start at {})'.format(
       tmp_path) in missing.stderr
+
+
+@pytest.mark.parametrize('argv, code, text', [
+    (['demo', '--steps', '0'], 2, 'argument --steps: must be > 0, got 0'),
+    (['cluster', '--log_dir', 'a_file/logs', '--', 'script.py'], 1,
+     'tpu-fc cluster: --log_dir a_file/logs cannot be made: Not a directory.'),
+], ids=['demo_steps', 'cluster_log_dir_under_a_file'])
+def test_command_line_mistakes_get_a_line_not_a_traceback(tmp_path, argv, code,
+                                                          text):
+  (tmp_path / 'a_file').write_text('')
+  result = run([sys.executable, '-m', 'tpu_fc'] + argv, tmp_path)
+  assert result.returncode == code
+  assert text in result.stderr
+  assert 'Traceback' not in result.stderr

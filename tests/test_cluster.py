@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import socket
+import signal
 import subprocess
 import sys
 import threading
@@ -448,4 +449,25 @@ def test_no_task_outlives_a_killed_launcher(tmp_path):
   while (any(_running(task['pid']) for task in tasks.values()) and
          time.monotonic() < deadline):
     time.sleep(0.1)
+  assert not [name for name, task in tasks.items() if _running(task['pid'])]
+
+
+def test_a_terminated_launcher_stops_its_tasks_and_says_so(tmp_path):
+  """SIGTERM: every task stopped, the signal named, exit code 128 + 15."""
+  out_dir = tmp_path / 'out'
+  out_dir.mkdir()
+  launcher = subprocess.Popen(
+      [sys.executable, '-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '0',
+       '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
+               os.environ.get('PYTHONPATH', '')))
+  try:
+    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
+    launcher.terminate()
+    _, stderr = launcher.communicate(timeout=60)
+  finally:
+    launcher.kill()
+  assert launcher.returncode == 128 + signal.SIGTERM
+  assert 'tpu_fc cluster: stopped (SIGTERM); every task was stopped.' in stderr
   assert not [name for name, task in tasks.items() if _running(task['pid'])]

@@ -55,6 +55,13 @@ def _table_names(pairs):
   return names
 
 
+def _positive_int(text):
+  value = int(text)
+  if value <= 0:
+    raise argparse.ArgumentTypeError('must be > 0, got {}'.format(value))
+  return value
+
+
 def _reporting_user_errors(handler):
   """Bad checkpoints or specs end the command with their message, not a traceback."""
   def run(args):
@@ -165,7 +172,7 @@ def main(argv=None):
   demo.add_argument('--model_dir', default=None,
                     help='where to write checkpoints and the export (default: '
                     'a temporary dir, removed at the end)')
-  demo.add_argument('--steps', type=int, default=300,
+  demo.add_argument('--steps', type=_positive_int, default=300,
                     help='training steps (more steps when resuming a '
                     '--model_dir)')
   demo.set_defaults(handler=_demo)

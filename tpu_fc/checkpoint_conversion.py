@@ -53,6 +53,10 @@ def _check_destination(source, destination, kind):
   repoint: the directory the source is read from, or, for a mid-level checkpoint,
   any directory that holds legacy checkpoints (a model_dir whose next `train()`
   would then fail)."""
+  if tf.io.gfile.exists(destination) and not tf.io.gfile.isdir(destination):
+    raise CheckpointConversionError(
+        'Refusing to write the {} checkpoint into {}: it is a file. Choose a '
+        'directory.'.format(kind, destination))
   source_dir = source if tf.io.gfile.isdir(source) else os.path.dirname(source)
   same = os.path.abspath(destination) == os.path.abspath(source_dir or '.')
   latest = (checkpoints.latest_checkpoint(destination)
@@ -590,7 +594,12 @@ def spec_from_reference(reference):
     else:
       if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
         sys.path.insert(0, os.getcwd())
-      namespace = vars(importlib.import_module(module_name))
+      try:
+        namespace = vars(importlib.import_module(module_name))
+      except ImportError as error:
+        raise ValueError('--spec {}: cannot import {} ({}; relative module '
+                         'paths start at {}).'.format(
+                             reference, module_name, error, os.getcwd())) from error
     if attribute not in namespace:
       raise ValueError('{} has no attribute {!r}.'.format(module_name,
                                                           attribute))

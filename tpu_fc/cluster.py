@@ -154,7 +154,11 @@ class LocalCluster:
     self._num_ps, self._num_workers = num_ps, num_workers
     self._evaluator = evaluator
     self.log_dir = log_dir or tempfile.mkdtemp(prefix='tpu_fc_cluster_')
-    os.makedirs(self.log_dir, exist_ok=True)
+    try:
+      os.makedirs(self.log_dir, exist_ok=True)
+    except OSError as error:
+      raise ValueError('--log_dir {} cannot be made: {}.'.format(
+          self.log_dir, error.strerror)) from error
     self._timeout = timeout
     self._max_restarts = max_restarts
     self._env = dict(os.environ if env is None else env)
@@ -307,9 +311,10 @@ def main(args):
     print('tpu_fc cluster: ' + str(error), file=sys.stderr)
     sys.exit(1)
   except KeyboardInterrupt as interrupt:
-    print('tpu_fc cluster: stopped ({}); every task was stopped.'.format(
-        interrupt or 'SIGINT'), file=sys.stderr)
-    sys.exit(130)
+    name = str(interrupt) or 'SIGINT'  # Ctrl-C's carries no name
+    print('tpu_fc cluster: stopped ({}); every task was stopped.'.format(name),
+          file=sys.stderr)
+    sys.exit(128 + signal.Signals[name])
   print('tpu_fc cluster: done (restarts: {}).'.format(
       {'{}-{}'.format(*key): n for key, n in result.restarts.items() if n}
       or 'none'), file=sys.stderr)
