@@ -611,3 +611,8 @@ def test_unwritable_model_dir(path, tmp_path):
                   max_steps=1)
   _assert_raised(error, PermissionError, [
       'model_dir {} is not writable'.format(model_dir)])
+  # evaluate too, before its input_fn (not after a whole evaluation).
+  error = outcome(estimator.evaluate, lambda params: 1 / 0, steps=1)
+  _assert_raised(error, PermissionError, [
+      'eval_dir {} is not writable, so no evaluation summary could be '
+      'saved'.format(model_dir / 'eval')])

@@ -335,17 +335,17 @@ def _get_next_again(result):
   return get_next
 
 
-def _check_writable(model_dir):
-  """Fails before training, naming model_dir, if checkpoints cannot go there."""
+def _check_writable(directory, kind='model_dir', output='checkpoint'):
+  """Fails before the work, naming `directory`, if its output cannot go there."""
   try:
-    tf.io.gfile.makedirs(model_dir)
-    probe = os.path.join(model_dir, '.tpu_fc_write_test')
+    tf.io.gfile.makedirs(directory)
+    probe = os.path.join(directory, '.tpu_fc_write_test')
     with tf.io.gfile.GFile(probe, 'w') as f:
       f.write('')
     tf.io.gfile.remove(probe)
   except (tf.errors.OpError, OSError) as e:
-    raise PermissionError('model_dir {} is not writable, so no checkpoint could '
-                          'be saved: {}'.format(model_dir, e)) from e
+    raise PermissionError('{} {} is not writable, so no {} could be saved: '
+                          '{}'.format(kind, directory, output, e)) from e
 
 
 def _global_step_in(model_dir):
@@ -695,6 +695,7 @@ class TPUEstimator(object):
       if steps <= 0:
         raise ValueError('Must specify steps > 0, given: {}'.format(steps))
       hooks.append(internals.StopAfterNEvalsHook(num_evals=steps))
+    _check_writable(self.eval_dir(name), 'eval_dir', 'evaluation summary')
 
     def evaluate_checkpoint(checkpoint):
       self._log_if_untrained(checkpoint, 'evaluate')
