@@ -600,6 +600,46 @@ def test_tpu_evaluation_metrics_updated_by_a_variable_assignment(tmp_path):
   assert metrics['miou'] == pytest.approx((1 / 2 + 2 / 3) / 2)
 
 
+def test_dict_configured_features_predict_from_their_activations(tmp_path):
+  """TF 2.15 builds its TPU embedding in INFERENCE mode for PREDICT too, so a
+  dict-configured model_fn (no columns) gets activations there, as in TRAIN
+  and EVAL (before: the raw ids, and a TypeError in the model's concat)."""
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'f': tpu_fc.FeatureConfig('t')},
+      table_to_config_dict={'t': tpu_fc.TableConfig(
+          6, 2, combiner='mean',
+          initializer=tf.compat.v1.constant_initializer(
+              np.arange(12).reshape(6, 2) / 10))},
+      optimization_parameters=tpu_fc.StochasticGradientDescentParameters(0.5))
+  ids = [[1, 3], [2, 2], [5, 0], [4, 4]]
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return tpu_fc.TPUEstimatorSpec(mode, predictions={'f': features['f']})
+    return _trained(mode, tf.reduce_sum(features['f']), rate=0.0)
+
+  def input_fn(params):
+    del params
+    return tf.data.Dataset.from_tensors(
+        ({'f': tf.SparseTensor([[i, j] for i in range(4) for j in range(2)],
+                               tf.constant(np.ravel(ids), tf.int64), [4, 2])},
+         tf.zeros([4, 1]))).repeat()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4, predict_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+      embedding_config_spec=spec)
+  estimator.train(input_fn, steps=1)
+  table = estimator.get_variable_value('t')
+  np.testing.assert_allclose(table, np.arange(12).reshape(6, 2) / 10 -
+                             0.5 * np.bincount(np.ravel(ids), minlength=6)[
+                                 :, None] / 2, rtol=1e-6)  # mean: 1/2 an id
+  predicted = [p['f'] for p in estimator.predict(
+      lambda params: input_fn(params).take(1).map(lambda f, l: f))]
+  np.testing.assert_allclose(predicted, table[ids].mean(axis=1), rtol=1e-6)
+
+
 class _GraphVariablesHook(tf.compat.v1.train.SessionRunHook):
   """The global variables' graph names, as hooks and user code see them."""
 

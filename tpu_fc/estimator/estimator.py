@@ -499,8 +499,8 @@ class TPUEstimator(object):
       params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
       params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
       features = lookup_backends.model_features(
-          self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu), features,
-          None)
+          self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
+          features, None)
       with build_context.building(ModeKeys.PREDICT):
         return to_estimator_spec(self._call_model_fn(
             features, None, ModeKeys.PREDICT, self.config, params))
@@ -828,7 +828,8 @@ class TPUEstimator(object):
             features, labels, mode, config,
             self._params_for(mode, use_tpu=False)))
     backends = self._backends(mode, on_tpu=True)
-    if mode == ModeKeys.PREDICT:
+    if (mode == ModeKeys.PREDICT and
+        lookup_backends.predicts_in_model_graph(backends)):
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
       with build_context.building(mode):
         return tpu_emulation.predict_padded(
@@ -836,6 +837,13 @@ class TPUEstimator(object):
                 f, labels, mode, config, self._params_for(mode, use_tpu=True))),
             lookup_backends.model_features(backends, features, None),
             self._batch_sizes[mode])
+    if mode == ModeKeys.PREDICT:  # looked up by the host engine, one shard
+      params = self._params_for(mode, use_tpu=True)
+      return tpu_emulation.predict_padded(
+          lambda f: tpu_emulation.build(
+              lambda f, l: self._call_model_fn(f, l, mode, config, params),
+              f, labels, mode, backends, 1, self._batch_sizes[mode]),
+          features, self._batch_sizes[mode])
     num_shards = self._num_shards()
     broadcast = (self._config.tpu_config.per_host_input_for_training ==
                  InputPipelineConfig.BROADCAST)
@@ -848,12 +856,12 @@ class TPUEstimator(object):
         broadcast,
         aggregate_rows=sync.aggregate_rows if sync is not None else None)
 
-  def _backends(self, mode, on_tpu):
+  def _backends(self, mode, on_tpu, serving=False):
     """The lookup backends of a `mode` graph: the one dispatch of the driver."""
     return lookup_backends.backends_for(
         self._embedding_config_spec, mode, on_tpu,
         partitioned_tables=distributed.is_parameter_server_cluster(
-            self._config))
+            self._config), serving=serving)
 
   def _loop_iterations(self, mode, eval_steps=None):
     """Steps per session.run on the emulated TPU, in an in-graph loop.

@@ -7,7 +7,9 @@
 * a TPU model's prediction and export: `CpuLookupBackend`; every column looks
   up on the host in the model_fn's graph, from sequences cut as the TPU cuts
   them.  Columns pinned to `cpu` look up so in evaluation too
-  (`tpu_fc.build_context` tells them the mode).
+  (`tpu_fc.build_context` tells them the mode).  Dict-configured features
+  have no column: their prediction gets the activations from the host engine,
+  as a TPU's inference mode gives them (their export stays TF's CPU graph).
 
 The TPU's own `TPUEmbedding` (`tpu_embedding.TPUEmbeddingEngine`) is not among
 them: without a TPU to run it, the driver emulates.
@@ -19,7 +21,7 @@ from tpu_fc.lookup import profile
 from tpu_fc.lookup import tensor_core
 
 
-def backends_for(spec, mode, on_tpu, partitioned_tables=False):
+def backends_for(spec, mode, on_tpu, partitioned_tables=False, serving=False):
   """The backends of a graph of `mode` (a ModeKeys value) for `spec`.
 
   Args:
@@ -30,13 +32,20 @@ def backends_for(spec, mode, on_tpu, partitioned_tables=False):
       CPU graph, every column looking up in it: no backend.
     partitioned_tables: the tables are split over parameter servers (the
       engine then keeps its own names, see `EmbeddingCoreBackend`).
+    serving: a PREDICT graph for export: TF's CPU graph.
   """
   if spec is None or not on_tpu:
     return ()
-  if mode == build_context.PREDICT:
+  if mode == build_context.PREDICT and (serving or spec.feature_columns or
+                                        spec.tensor_core_feature_columns):
     return (CpuLookupBackend(spec.embedding_layout()),)
   return (EmbeddingCoreBackend(spec, named_by_columns=not partitioned_tables),
           TensorCoreBackend(spec.tensor_core_feature_columns or ()))
+
+
+def predicts_in_model_graph(backends):
+  """Whether a PREDICT graph's lookups all run in the model_fn's graph."""
+  return all(isinstance(backend, CpuLookupBackend) for backend in backends)
 
 
 def model_features(backends, features, batch_size):
