@@ -74,3 +74,21 @@ def test_command_line_mistakes_get_a_line_not_a_traceback(tmp_path, argv, code,
   assert result.returncode == code
   assert text in result.stderr
   assert 'Traceback' not in result.stderr
+
+
+def test_run_scripts_multiprocessing_children_see_the_legacy_names(tmp_path):
+  """A spawn child runs the script's top level again in a fresh interpreter;
+  under `tpu-fc run` it binds the legacy names first (before, on TF >= 2.16:
+  an AttributeError in the child, and a Pool waiting forever)."""
+  (tmp_path / 'pool.py').write_text(
+      'import multiprocessing\n'
+      'import tensorflow as tf\n'
+      'RUN_CONFIG = tf.compat.v1.estimator.tpu.RunConfig  # a legacy name\n'
+      'def double(x):\n'
+      '  return 2 * x\n'
+      "if __name__ == '__main__':\n"
+      "  with multiprocessing.get_context('spawn').Pool(1) as pool:\n"
+      "    print('doubled', pool.map(double, [1, 2]))\n")
+  result = run([sys.executable, '-m', 'tpu_fc', 'run', 'pool.py'], tmp_path)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert 'doubled [2, 4]' in result.stdout

@@ -16,6 +16,7 @@ replaced namespace's for any other.  `uninstall()` restores everything.
 import contextlib
 import functools
 import importlib
+import multiprocessing.spawn
 import os
 import runpy
 import sys
@@ -256,8 +257,38 @@ def run_script(path, run_name):
 
   As `python path` would: the script's folder first on `sys.path`, so files next
   to it import.  Only a `run_name` of '__main__' runs its `if __name__ ==
-  '__main__'` block.
+  '__main__'` block; multiprocessing children of such a run bind the legacy
+  names too (`_children_bind_legacy_names`).
   """
   script = os.path.abspath(path)
   sys.path.insert(0, os.path.dirname(script))
-  return runpy.run_path(script, run_name=run_name)
+  if run_name != '__main__':
+    return runpy.run_path(script, run_name=run_name)
+  with _children_bind_legacy_names(script):
+    return runpy.run_path(script, run_name=run_name)
+
+
+# The script a `tpu-fc run` runs, for its multiprocessing children.
+RUN_SCRIPT_ENV = 'TPU_FC_RUN_SCRIPT'
+
+
+@contextlib.contextmanager
+def _children_bind_legacy_names(script):
+  """Children started by spawn or forkserver run the main script again, from
+  its path: they run `tpu_fc._spawned_script` instead, which binds the legacy
+  names first (a fork child inherits them)."""
+  original = multiprocessing.spawn.get_preparation_data
+
+  def preparation_data(name):
+    data = original(name)
+    if data.get('init_main_from_path') == script:
+      del data['init_main_from_path']
+      data['init_main_from_name'] = 'tpu_fc._spawned_script'
+    return data
+
+  os.environ[RUN_SCRIPT_ENV] = script
+  multiprocessing.spawn.get_preparation_data = preparation_data
+  try:
+    yield
+  finally:
+    multiprocessing.spawn.get_preparation_data = original
