@@ -298,6 +298,35 @@ def test_dequeue_gives_the_configs_structure_in_plain_containers():
                              [[0.0, 0.1, 0.2], [0.9, 1.0, 1.1]], rtol=1e-6)
 
 
+def test_every_checkpoint_of_a_traced_pipelined_loop_holds_its_last_update(
+    tmp_path):
+  """Each call of a traced step parks its update for the next lookup; each
+  save applies it first (before: only the first save after tracing did)."""
+  embedding = harness.mid_level_embedding('sgd', 1, pipelined=True)
+
+  @tf.function
+  def step():
+    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    with tf.GradientTape() as tape:
+      activations = embedding.dequeue()
+      tape.watch(activations)
+      loss = harness.loss_of(activations['ids'])
+    embedding.apply_gradients(tape.gradient(loss, activations))
+
+  checkpoint = tf.train.Checkpoint(embedding=embedding)
+  (table,) = embedding.embedding_tables.values()
+  for save in range(2):
+    step()
+    step()
+    path = checkpoint.save(str(tmp_path / 'ckpt'))
+    saved = tf.train.load_variable(path, 'embedding/ids/.ATTRIBUTES/VARIABLE_VALUE')
+    np.testing.assert_array_equal(saved, table.numpy())
+    # SGD on a linear loss: every step moves the table by the same amount.
+    want = harness.expected_step('mid_level', 'sgd', steps=2 * (save + 1),
+                                 num_shards=1)
+    want.assert_matches(saved, {})
+
+
 def test_the_tape_reaches_no_table():
   """As on a TPU, the model's tape sees activations, not tables: a Keras
   optimizer over everything trainable cannot update a table twice."""

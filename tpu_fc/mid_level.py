@@ -151,7 +151,6 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
                                                         feature_config))
     super().__init__(feature_config, optimizer)
     self._pipelined = pipeline_execution_with_tensor_core
-    self._parked = False  # a pipelined update waits for the next lookup
     self._named = dict(named)
     self._paths = [path for path, _ in named]
     if not isinstance(num_cores, int) or num_cores < 1:
@@ -305,7 +304,6 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
                          'shape {}.'.format(gradient.shape, path, expected))
       given[path] = tf.reshape(tf.cast(gradient, tf.float32),
                                tf.shape(step.lookups[path]))
-    self._parked = self._pipelined
     return self._engine.apply_gradients(step.lookup_step,
                                         pipelined=self._pipelined,
                                         activation_gradients=given)
@@ -313,9 +311,9 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   def _trackable_children(self, *args, **kwargs):
     """The tables and slots; a checkpoint first gets the parked update of
     pipelined execution (on a TPU it is in flight, not lost)."""
-    if self._parked and tf.executing_eagerly():  # (so the engine exists)
-      self._engine.flush_op()
-      self._parked = False
+    # Every time: a traced step parks an update on each call, unseen here.
+    if self._pipelined and self._engine is not None and tf.executing_eagerly():
+      self._engine.flush_op()  # (applies what is parked, if anything)
     return super()._trackable_children(*args, **kwargs)
 
   def _current_step(self, method):
