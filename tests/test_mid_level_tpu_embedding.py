@@ -570,6 +570,16 @@ def _output_shape_misuses():
     _output_shape_embedding([4, 2])[1].enqueue(
         {'a': ids}, weights={'a': tf.ones_like(ids, tf.float32)})
 
+  def traced_dense_of_another_batch():  # (the traced graph's check was
+    _, embedding = _output_shape_embedding([3])  # optimized away on a static
+    tf.function(lambda ids: embedding.enqueue({'a': ids}))(  # batch)
+        tf.constant([1, 2], tf.int64))
+
+  def dynamic_dense_of_another_batch():
+    _, embedding = _output_shape_embedding([3])
+    tf.function(lambda ids: embedding.enqueue({'a': ids}), input_signature=[
+        tf.TensorSpec([None], tf.int64)])(tf.constant([1, 2], tf.int64))
+
   def batch_changed():
     _, embedding = _output_shape_embedding([8])
     embedding.enqueue({'a': _output_shape_input('ragged')})  # 2 ids each
@@ -587,9 +597,13 @@ def _output_shape_misuses():
       (not_a_factor, ValueError, r'Output shape set in the FeatureConfig should'
        r' be the factor of the input data batch size. But instead got output '
        r'shape \(3,\), input data batch size 4 \(feature a'),
-      (dense_of_another_batch, tf.errors.InvalidArgumentError,
+      (dense_of_another_batch, ValueError,
        r'Feature a: its output_shape \(3,\) holds 3 examples on each of 1 '
        r'core\(s\), but this batch has 4 examples'),
+      (traced_dense_of_another_batch, ValueError,
+       r'Feature a: its output_shape \(3,\) holds 3 examples .* this batch has 2'),
+      (dynamic_dense_of_another_batch, tf.errors.InvalidArgumentError,
+       r'Feature a: its output_shape \(3,\) holds 3 examples .* this batch has 2'),
       (weights_of_a_sequence, ValueError,
        'Weight specified for a, but this is a sequence feature'),
       (batch_changed, ValueError, 'Feature a: the first enqueue made its '

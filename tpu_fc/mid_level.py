@@ -234,12 +234,39 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       if values is not None:
         weight_values[path] = values
       ids[path] = _as_ids(path, value, feature)
-    lookup_step, activations = self._engine_for(sequence_lengths).activations(
-        ids, self._num_cores, weight_values)
+    engine = self._engine_for(sequence_lengths)
+    for path, value in zip(self._paths, flat_inputs):
+      self._check_static_batch(path, value)
+    lookup_step, activations = engine.activations(ids, self._num_cores,
+                                                  weight_values)
     self._step = _Step(lookup_step,
                        {path: activations[path] for path in self._paths},
                        {path: self._activation(path, activations[path])
                         for path in self._paths}, training, _graph())
+
+  def _output_examples(self, path):
+    """(examples a batch of `path` must have for its output_shape, the error
+    text for another batch size, with '{}' for it)."""
+    shape = self._named[path].output_shape
+    length = self._output_sequence_lengths[path]
+    examples = self._num_cores * shape.num_elements() // max(length, 1)
+    return examples, (
+        'Feature {}: its output_shape {} holds {} examples on each of {} '
+        'core(s), but this batch has {{}} examples; batch the input to match '
+        'it.'.format(path, shape, examples // self._num_cores,
+                     self._num_cores))
+
+  def _check_static_batch(self, path, value):
+    """The batch check of `_activation` when tracing, if the input's batch is
+    static (the traced graph's own check could be optimized away on it)."""
+    if not self._named[path].output_shape:
+      return
+    rows = value.shape[0]
+    if rows is None and isinstance(value, tf.SparseTensor):
+      rows = tf.get_static_value(value.dense_shape[0])
+    examples, mismatch = self._output_examples(path)
+    if rows is not None and rows != examples:
+      raise ValueError(mismatch.format(rows))
 
   def _activation(self, path, value):
     """An activation the tape sees only from here on (as on a TPU, where the
@@ -253,14 +280,10 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
           'Feature ' + path, rows, self._num_cores))
     shape = self._named[path].output_shape
     if shape:
-      length = self._output_sequence_lengths[path]
-      examples = self._num_cores * shape.num_elements() // max(length, 1)
+      examples, mismatch = self._output_examples(path)
       checks.append(embedding_core.input_check(
-          tf.equal(rows, examples), lambda: tf.strings.format(
-              'Feature {}: its output_shape {} holds {} examples on each of '
-              '{} core(s), but this batch has {{}} examples; batch the input '
-              'to match it.'.format(path, shape, examples // self._num_cores,
-                                    self._num_cores), rows)))
+          tf.equal(rows, examples),
+          lambda: tf.strings.format(mismatch, rows)))
     if checks:
       with tf.control_dependencies(checks):
         value = tf.identity(value)
