@@ -716,6 +716,34 @@ def test_install_binds_tf_names_outside_a_tpu_strategy_only():
                                  embedding_api.SGD(0.1))
 
 
+def test_a_class_defined_on_an_installed_name_subclasses_tpu_fcs():
+  """As TF2 users subclass TF's class to add helpers: the subclass's own
+  __init__ and methods run (before: the base class was built instead)."""
+  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
+  table = embedding_api.TableConfig(vocabulary_size=3, dim=1,
+                                    initializer=tf.constant_initializer(0.5))
+  with migration.installed():
+    class Looking(tf.tpu.experimental.embedding.TPUEmbedding):
+
+      def __init__(self, feature_config, optimizer):
+        super().__init__(feature_config, optimizer)
+        self.looked_up = 0
+
+      def lookup(self, features):
+        self.looked_up += 1
+        self.enqueue(features, training=False)
+        return self.dequeue()
+
+    embedding = Looking({'a': embedding_api.FeatureConfig(table=table)},
+                        embedding_api.SGD(0.1))
+    assert tf.tpu.experimental.embedding.TPUEmbedding.enqueue is (
+        tpu_fc.mid_level.TPUEmbedding.enqueue)
+  assert isinstance(embedding, tpu_fc.mid_level.TPUEmbedding)
+  activations = embedding.lookup({'a': tf.constant([1, 2], tf.int64)})
+  np.testing.assert_array_equal(activations['a'], [[0.5], [0.5]])
+  assert embedding.looked_up == 1
+
+
 def _device_types(op_type):
   from tensorflow.python.framework import kernels  # pylint: disable=g-import-not-at-top
   return {kernel.device_type

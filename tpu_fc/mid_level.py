@@ -18,6 +18,7 @@ TF's own class, allowed outside a `TPUStrategy`: its lookup already runs on a
 CPU, and its tables get row (`IndexedSlices`) gradients.
 """
 import functools
+import types
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
@@ -400,11 +401,25 @@ def _under_tpu_strategy():
 
 class _OutsideTPUStrategy(type):
   """Metaclass of the names `install()` binds: TF's class under a
-  `TPUStrategy`, tpu_fc's elsewhere; an instance of either is an instance."""
+  `TPUStrategy`, tpu_fc's elsewhere; an instance of either is an instance.
+  A class defined on such a name subclasses the one of where it is defined."""
+
+  def __new__(mcs, name, bases, namespace, **kwargs):
+    if 'tf_class' in namespace:  # a name `install()` binds
+      return super().__new__(mcs, name, bases, namespace, **kwargs)
+    bases = tuple(base._target() if isinstance(base, mcs) else base
+                  for base in bases)
+    return types.new_class(name, bases, kwargs,
+                           lambda body: body.update(namespace))
+
+  def _target(cls):
+    return cls.tf_class if _under_tpu_strategy() else cls.tpu_fc_class
 
   def __call__(cls, *args, **kwargs):
-    target = cls.tf_class if _under_tpu_strategy() else cls.tpu_fc_class
-    return target(*args, **kwargs)
+    return cls._target()(*args, **kwargs)
+
+  def __getattr__(cls, name):  # class attributes, e.g. an unbound method
+    return getattr(cls._target(), name)
 
   def __instancecheck__(cls, instance):
     return isinstance(instance, (cls.tf_class, cls.tpu_fc_class))
