@@ -698,6 +698,41 @@ def test_a_migrated_script_trains_unchanged_under_tpu_fc_run(tmp_path):
                             np.array(eval(lines['TABLE']), np.float32))  # pylint: disable=eval-used
 
 
+MIRRORED_SCRIPT = """
+import tpu_fc
+import tensorflow as tf
+embedding_api = tf.tpu.experimental.embedding
+cpu, = tf.config.list_physical_devices('CPU')
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+with strategy.scope():
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      {'a': embedding_api.FeatureConfig(
+          table=embedding_api.TableConfig(vocabulary_size=9, dim=1))},
+      embedding_api.SGD(1.0))
+try:
+  strategy.run(tf.function(lambda ids: embedding.enqueue({'a': ids})),
+               args=(tf.constant([1, 2], tf.int64),))
+except ValueError as error:
+  print('REFUSED', error)
+"""
+
+
+def test_several_replicas_in_sync_are_refused(tmp_path):
+  """Each replica would update its own copy of the (mirrored) tables with its
+  part of the batch: the copies drift apart silently (before)."""
+  script = tmp_path / 'mirrored.py'
+  script.write_text(MIRRORED_SCRIPT)
+  result = subprocess.run([sys.executable, str(script)], capture_output=True,
+                          text=True, timeout=300, cwd=str(tmp_path))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stdout.startswith('REFUSED')
+  assert ('tpu_fc.mid_level.TPUEmbedding trains on the host, as one replica, '
+          'but the strategy has 2 replicas in sync') in result.stdout
+  assert 'num_cores=2 to emulate 2 TPU cores' in result.stdout
+
+
 def test_install_binds_tf_names_outside_a_tpu_strategy_only():
   from tpu_fc import migration  # pylint: disable=g-import-not-at-top
   table = embedding_api.TableConfig(vocabulary_size=3, dim=1)

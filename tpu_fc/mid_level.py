@@ -216,6 +216,14 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
               device=None):
     """Looks up `features` (the structure of the feature config)."""
     del name, device  # one host
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas > 1:
+      raise ValueError(
+          'tpu_fc.mid_level.TPUEmbedding trains on the host, as one replica, '
+          'but the strategy has {} replicas in sync: each would update its own '
+          'copy of the tables with part of the batch. Use the default strategy '
+          'or OneDeviceStrategy, and num_cores={} to emulate {} TPU cores.'
+          .format(replicas, replicas, replicas))
     self._maybe_build()
     tf.nest.assert_same_structure(self._feature_config, features)
     flat_features = tf.nest.flatten(self._feature_config)
