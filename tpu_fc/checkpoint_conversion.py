@@ -472,6 +472,9 @@ def _slot_signatures():
       # (ProximalAdagrad's accumulators alone would read as Adagrad's).
       mid_level[frozenset(m for _, m in parameters.SLOTS)] = name
   legacy.update({
+      # (the TPU's SGD has no slots, nor has a model-trained table's SGD)
+      frozenset(): 'no slots: StochasticGradientDescent (TPU embedding, or '
+                   'the model optimizer with use_tpu=False)',
       frozenset({'Adam', 'Adam_1'}): 'Adam (model optimizer, use_tpu=False)',
       frozenset({'RMSProp', 'RMSProp_1'}): 'RMSProp (model optimizer, use_tpu=False)',
   })
