@@ -179,10 +179,11 @@ def mid_level_embedding(optimizer_name, num_cores, pipelined=False):
       pipeline_execution_with_tensor_core=pipelined, num_cores=num_cores)
 
 
-def mid_level_train(embedding, kind, steps, num_cores, function=True,
-                    squared=False):
-  """The migrated training loop: `steps` steps of the model's loss on IDS as
-  `kind`, its gradient scaled as `CrossShardOptimizer` scales each core's."""
+def mid_level_step(embedding, kind, num_cores, squared=False,
+                   scale_gradients=None):
+  """One step of the migrated loop (untraced): the model's loss on IDS as
+  `kind`, its gradient scaled as `CrossShardOptimizer` scales each core's
+  (then by `scale_gradients`, e.g. `MidLevelConfig.scale_gradients`)."""
 
   def step():
     embedding.enqueue({'ids': ids_feature(kind)})
@@ -190,8 +191,17 @@ def mid_level_train(embedding, kind, steps, num_cores, function=True,
       activations = embedding.dequeue()
       tape.watch(activations)
       loss = loss_of(activations['ids'], squared) / num_cores
-    embedding.apply_gradients(tape.gradient(loss, activations))
+    gradients = tape.gradient(loss, activations)
+    embedding.apply_gradients(scale_gradients(gradients) if scale_gradients
+                              else gradients)
 
+  return step
+
+
+def mid_level_train(embedding, kind, steps, num_cores, function=True,
+                    squared=False):
+  """The migrated training loop: `steps` steps of `mid_level_step`."""
+  step = mid_level_step(embedding, kind, num_cores, squared)
   step = tf.function(step) if function else step
   for _ in range(steps):
     step()

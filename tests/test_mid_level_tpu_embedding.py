@@ -242,21 +242,12 @@ def test_step_functions_carry_over_to_a_traced_loop(tmp_path, fresh_global_step)
     embedding = tpu_fc.mid_level.TPUEmbedding(
         config.feature_config, config.optimizer, num_cores=2)
     global_step = tf.compat.v1.train.get_global_step()
-
-    @tf.function
-    def step():
-      embedding.enqueue({'ids': harness.ids_feature('sparse')})
-      with tf.GradientTape() as tape:
-        activations = embedding.dequeue()
-        tape.watch(activations)
-        loss = harness.loss_of(activations['ids']) / 2
-      gradients = tape.gradient(loss, activations)
-      embedding.apply_gradients(
-          config.scale_gradients(gradients) if scaled else gradients)
-      global_step.assign_add(1)
-
+    step = tf.function(harness.mid_level_step(
+        embedding, 'sparse', 2,
+        scale_gradients=config.scale_gradients if scaled else None))
     for _ in range(4):
       step()
+      global_step.assign_add(1)
     return next(iter(embedding.embedding_tables.values())).numpy()
 
   np.testing.assert_allclose(migrated(scaled=True), want, atol=1e-6, rtol=0)
@@ -303,15 +294,7 @@ def test_every_checkpoint_of_a_traced_pipelined_loop_holds_its_last_update(
   """Each call of a traced step parks its update for the next lookup; each
   save applies it first (before: only the first save after tracing did)."""
   embedding = harness.mid_level_embedding('sgd', 1, pipelined=True)
-
-  @tf.function
-  def step():
-    embedding.enqueue({'ids': harness.ids_feature('sparse')})
-    with tf.GradientTape() as tape:
-      activations = embedding.dequeue()
-      tape.watch(activations)
-      loss = harness.loss_of(activations['ids'])
-    embedding.apply_gradients(tape.gradient(loss, activations))
+  step = tf.function(harness.mid_level_step(embedding, 'sparse', 1))
 
   checkpoint = tf.train.Checkpoint(embedding=embedding)
   (table,) = embedding.embedding_tables.values()
