@@ -226,6 +226,24 @@ def test_same_training_eval_predictions_and_checkpoints(net_name, tmp_path):
     np.testing.assert_allclose(got['values'][name], value, rtol=RTOL)
 
 
+@pytest.mark.parametrize('method', ['evaluate', 'predict'])
+def test_a_checkpoint_path_that_is_no_checkpoint_is_tfs_error(method, tmp_path):
+  """A script's `except ValueError` around it keeps working (before: a
+  NotFoundError from reading the checkpoint's shapes)."""
+  errors = []
+  for name, driver in (('legacy', legacy), ('ours', ours)):
+    est = _estimator(driver, make_model_fn(NETS['dense_features'], legacy, []),
+                     tmp_path / name)
+    est.train(input_fn, steps=1)
+    missing = str(tmp_path / name / 'model.ckpt-99')
+    errors.append(_error(
+        lambda: est.evaluate(input_fn, checkpoint_path=missing)
+        if method == 'evaluate' else
+        next(est.predict(input_fn, checkpoint_path=missing))))
+  assert errors[0][0] is errors[1][0] is ValueError
+  assert errors[1][1] == errors[0][1].replace('legacy', 'ours')
+
+
 @pytest.mark.parametrize('net_name', ['dense_features', 'sequence'])
 def test_checkpoints_cross_restore(net_name, tmp_path):
   net = NETS[net_name]

@@ -522,6 +522,9 @@ class TPUEstimator(object):
     when the chosen checkpoint was deleted before it was read (pruned by a
     trainer's keep_checkpoint_max), a few times; then the error stands."""
     if checkpoint_path:
+      if not checkpoints.exists(checkpoint_path):  # TF's Saver.restore's error
+        raise ValueError('The passed save_path is not a valid checkpoint: '
+                         '{}'.format(checkpoint_path))
       return read(checkpoint_path)
     for attempt in range(_PRUNED_CHECKPOINT_RETRIES):
       chosen = choose()
