@@ -360,6 +360,9 @@ class GlobalStepFunction:
 
   def __init__(self, function, global_step=None):
     self.function = function
+    if global_step is None and tf.executing_eagerly():
+      # Bound now: a traced tf.function cannot create it when it is called.
+      global_step = tf.compat.v1.train.get_or_create_global_step()
     self._global_step = global_step
 
   def __call__(self):
@@ -480,11 +483,6 @@ def to_mid_level(spec, global_step=None):
   layout = spec.embedding_layout()
   tensor_core = spec.tensor_core_layout()
   multiplier_fn = spec.experimental_gradient_multiplier_fn
-  reads_step = multiplier_fn is not None or any(
-      table.learning_rate_fn is not None and not table.learning_rate
-      for table in layout.tables + tensor_core.tables)
-  if global_step is None and reads_step and tf.executing_eagerly():
-    global_step = tf.compat.v1.train.get_or_create_global_step()
   tables = _mid_level_tables(layout, parameters, optimizer, global_step)
   tensor_core_tables = _mid_level_tables(tensor_core, parameters, optimizer,
                                          global_step)
