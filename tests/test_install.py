@@ -71,15 +71,25 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   assert tf.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
 
 
-def test_train_and_evaluate_leaves_other_estimators_to_tf(installed):
-  """tpu_fc's takes tpu_fc's estimators; any other goes to TF's own, if any."""
-  specs = (tf.estimator.TrainSpec(lambda: None),
-           tf.estimator.EvalSpec(lambda: None))
-  with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
-                     '(.*)') as error:
-    tf.estimator.train_and_evaluate(object(), *specs)
-  ours = 'here: tpu_fc.TPUEstimator' in str(error.value)
-  assert ours != tf.__version__.startswith('2.15')
+@pytest.mark.parametrize('name', [
+    'train_and_evaluate', 'experimental.make_early_stopping_hook',
+    'experimental.stop_if_higher_hook', 'experimental.stop_if_lower_hook',
+    'experimental.stop_if_no_increase_hook',
+    'experimental.stop_if_no_decrease_hook'])
+def test_estimator_functions_leave_other_estimators_to_tf(installed, name):
+  """tpu_fc's take tpu_fc's estimators; any other goes to TF's own, if any."""
+  arguments = {
+      'train_and_evaluate': (tf.estimator.TrainSpec(lambda: None),
+                             tf.estimator.EvalSpec(lambda: None)),
+      'experimental.make_early_stopping_hook': (lambda: True,)}
+  for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
+    function = estimator_namespace
+    for attribute in name.split('.'):
+      function = getattr(function, attribute)
+    with pytest.raises((TypeError, AttributeError)) as error:
+      function(object(), *arguments.get(name, ('loss', 1)))
+    ours = 'here: tpu_fc.TPUEstimator' in str(error.value)
+    assert ours != tf.__version__.startswith('2.15'), error.value
 
 
 def test_removed_legacy_module_is_stood_in_for(installed):

@@ -10,8 +10,9 @@ every other name to the namespace they replace (on TF 2.15 that is
 tensorflow_estimator, imported only if the script asks for such a name).
 Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
 `RunConfig`, `WarmStartSettings`, the session-run hooks) are tpu_fc's only where that
-namespace lacks them; `train_and_evaluate` is tpu_fc's for tpu_fc's estimators and the
-replaced namespace's for any other.  `uninstall()` restores everything.
+namespace lacks them; `train_and_evaluate` and the early-stopping hooks
+(`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's for tpu_fc's estimators and
+the replaced namespace's for any other.  `uninstall()` restores everything.
 """
 import contextlib
 import functools
@@ -100,29 +101,38 @@ def _existing(owner, name):
 def _estimator_namespace(name, original):
   """A `tf.estimator`-like namespace with tpu_fc's TPU and mode names."""
   from tpu_fc import estimator  # pylint: disable=g-import-not-at-top  (the driver imports tpu_fc)
+  from tpu_fc.estimator import early_stopping  # pylint: disable=g-import-not-at-top
   original_getter = _module_getter(original) if original is not None else None
   tpu_getter = (_attribute_getter(original_getter, 'tpu')
                 if original_getter else None)
-  experimental_getter = (_attribute_getter(tpu_getter, 'experimental')
-                         if tpu_getter else None)
-  experimental = _Namespace(
+  tpu_experimental_getter = (_attribute_getter(tpu_getter, 'experimental')
+                             if tpu_getter else None)
+  tpu_experimental = _Namespace(
       name + '.tpu.experimental',
-      {'EmbeddingConfigSpec': spec.EmbeddingConfigSpec}, experimental_getter)
+      {'EmbeddingConfigSpec': spec.EmbeddingConfigSpec},
+      tpu_experimental_getter)
   tpu = _Namespace(name + '.tpu', dict(
       TPUEstimator=estimator.TPUEstimator,
       TPUEstimatorSpec=estimator.TPUEstimatorSpec,
       RunConfig=estimator.RunConfig,
       TPUConfig=estimator.TPUConfig,
       InputPipelineConfig=estimator.InputPipelineConfig,
-      experimental=experimental), tpu_getter)
+      experimental=tpu_experimental), tpu_getter)
   export = _Namespace(name + '.export', {
       n: getattr(export_lib, n) for n in _EXPORT_NAMES},
                       _attribute_getter(original_getter, 'export')
                       if original_getter else None)
+  experimental_getter = (_attribute_getter(original_getter, 'experimental')
+                         if original_getter else None)
   return _Namespace(name, dict(
       tpu=tpu, export=export, ModeKeys=estimator.ModeKeys,
       EstimatorSpec=estimator.EstimatorSpec,
-      train_and_evaluate=_train_and_evaluate(original_getter)),
+      experimental=_Namespace(name + '.experimental', {
+          hook.__name__: _for_tpu_fc_estimators(hook, experimental_getter)
+          for hook in early_stopping.TF_EXPERIMENTAL_FUNCTIONS},
+                                 experimental_getter),
+      train_and_evaluate=_for_tpu_fc_estimators(
+          estimator.train_and_evaluate, original_getter)),
                     original_getter, _estimator_defaults())
 
 
@@ -141,24 +151,23 @@ def _estimator_defaults():
   return defaults
 
 
-def _train_and_evaluate(original_getter):
-  """`train_and_evaluate`: tpu_fc's for its `TPUEstimator`, else the namespace's own.
+def _for_tpu_fc_estimators(function, original_getter):
+  """`function` for tpu_fc's `TPUEstimator`, the namespace's own for any other.
 
-  TF's own accepts only its own estimators, tpu_fc's only tpu_fc's; where TF
-  has none, tpu_fc's explains that.
+  TF's own (`train_and_evaluate`, the early-stopping hooks) accept only its own
+  estimators, tpu_fc's only tpu_fc's; where TF has none, tpu_fc's explains that.
   """
   from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
-  from tpu_fc.estimator import training  # pylint: disable=g-import-not-at-top
 
-  @functools.wraps(training.train_and_evaluate)
-  def train_and_evaluate(estimator, train_spec, eval_spec):
+  @functools.wraps(function)
+  def dispatch(estimator, *args, **kwargs):
     original = original_getter() if original_getter else None
     if original is not None and not isinstance(estimator,
                                                estimator_lib.TPUEstimator):
-      return original.train_and_evaluate(estimator, train_spec, eval_spec)
-    return training.train_and_evaluate(estimator, train_spec, eval_spec)
+      return getattr(original, function.__name__)(estimator, *args, **kwargs)
+    return function(estimator, *args, **kwargs)
 
-  return train_and_evaluate
+  return dispatch
 
 
 def _api_modules():

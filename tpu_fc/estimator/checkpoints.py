@@ -199,7 +199,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
   `restore` (the input's own hook restores them once its iterator is initialized).
   """
 
-  def __init__(self, var_list, checkpoint_path, input_pipeline=(), **kwargs):
+  def __init__(self, var_list, checkpoint_path, input_pipeline=(),
+               may_start_anew=(), **kwargs):
     super().__init__(  # Saver rewrites its dict
         var_list=dict(var_list, **{s.name: s for s in input_pipeline}), **kwargs)
     self._variables_only = (tf.compat.v1.train.Saver(
@@ -213,7 +214,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
     missing = sorted(name for name in var_list if name not in available)
     if not missing:
       return
-    not_state = [n for n in missing if not _is_optimizer_state(n, var_list)]
+    not_state = [n for n in missing if n not in may_start_anew and
+                 not _is_optimizer_state(n, var_list)]
     if not_state:
       raise ValueError(
           'Checkpoint {} lacks variables this model needs: {}. The model '
@@ -240,7 +242,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
       _, saver, initialize, missing = self._partial
       tf.compat.v1.logging.warning(
           'Checkpoint %s has no %s (optimizer state of another training mode or '
-          'optimizer); they start from their initial values.', save_path,
+          'optimizer, or variables of hooks it was trained without); they start '
+          'from their initial values.', save_path,
           ', '.join(missing))
       sess.run(initialize)
       return saver.restore(sess, save_path)
@@ -285,23 +288,57 @@ def remove_cut_short_saves(model_dir):
           'named in the checkpoint state; %s).', prefix, _reason(error))
 
 
-def add_saver(graph, checkpoint_path, config):
-  """Adds the graph's Saver (to SAVERS), unless the graph already has one."""
-  if graph.get_collection(tf.compat.v1.GraphKeys.SAVERS):
-    return
+def saver_at_finalize(scaffold, graph, checkpoint_path, config):
+  """`scaffold`, adding the graph's Saver (unless it has one) when finalized.
+
+  As TF's Estimator built its Saver: after the hooks' `begin`, so variables a
+  hook creates there (early stopping's `signal_early_stopping/STOP`) are saved
+  too.  A checkpoint without them restores the rest and starts them from their
+  initial values (TF's restore failed).  Reads the names the build recorded:
+  call it before `drop_build_records`.
+  """
   recorded = graph.get_collection(_NAMES_COLLECTION)
-  if recorded:
-    names = recorded[-1]
-  else:
-    names = internals.op_list_to_dict(
-        tf.compat.v1.global_variables() +
-        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
-  graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
-      names, checkpoint_path, sharded=True,
-      input_pipeline=graph.get_collection(_INPUT_PIPELINE_COLLECTION),
-      max_to_keep=config.keep_checkpoint_max,
-      keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
-      save_relative_paths=True))
+  built_names = recorded[-1] if recorded else None
+  built = {id(v) for v in tf.compat.v1.global_variables()}
+
+  def add_saver():
+    if graph.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+      return
+    variables = tf.compat.v1.global_variables()
+    later = internals.op_list_to_dict(
+        [v for v in variables if id(v) not in built])
+    if built_names is None:
+      names = internals.op_list_to_dict(variables + tf.compat.v1.get_collection(
+          tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+    else:
+      names = {**built_names, **later}
+    graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
+        names, checkpoint_path, sharded=True,
+        input_pipeline=graph.get_collection(_INPUT_PIPELINE_COLLECTION),
+        may_start_anew=later, max_to_keep=config.keep_checkpoint_max,
+        keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
+        save_relative_paths=True))
+
+  return _SaverAtFinalize(add_saver, copy_from_scaffold=scaffold)
+
+
+class _SaverAtFinalize(tf.compat.v1.train.Scaffold):
+  """A Scaffold that runs `add_saver()` first when finalized (see above).
+
+  A Scaffold copied from it (`copy_from_scaffold`, with `type(scaffold)`) keeps
+  `add_saver`.
+  """
+
+  def __init__(self, add_saver=None, **kwargs):
+    self._add_saver = add_saver or getattr(kwargs.get('copy_from_scaffold'),
+                                           '_add_saver', None)
+    super().__init__(**kwargs)
+
+  def finalize(self):
+    if self.saver is None and self._add_saver is not None:
+      self._add_saver()
+    self._add_saver = None
+    return super().finalize()
 
 
 def drop_build_records(graph):

@@ -780,7 +780,8 @@ class TPUEstimator(object):
       spec = spec._replace(train_op=train_op,
                            training_hooks=tuple(spec.training_hooks) + (hook,))
     if spec.scaffold.saver is None:
-      checkpoints.add_saver(graph, checkpoint_path, self._config)
+      spec = spec._replace(scaffold=checkpoints.saver_at_finalize(
+          spec.scaffold, graph, checkpoint_path, self._config))
     checkpoints.drop_build_records(graph)
     if self._warm_start_settings and not checkpoint_path:
       tf.compat.v1.logging.info('Warm-starting with WarmStartSettings: %s' %

@@ -1,0 +1,277 @@
+"""Early stopping (`tf.estimator.experimental.stop_if_*_hook`) with tpu_fc's TPUEstimator.
+
+The evaluated metric is `(global_step - 4)²`, so when training stops follows
+from the schedule alone: with a checkpoint (and an evaluation) every 2 steps
+the evaluations read 4, 0, 4, 16 at steps 2, 4, 6, 8, and
+`stop_if_no_decrease_hook(max_steps_without_decrease=4)` stops at step 8, the
+first evaluation 4 steps past the best (the checkpoint hook, a chief hook,
+saves and evaluates before the training hooks run).  With an emulated TPU
+running 3 steps per `session.run`, checkpoints fall at 3, 6, 9 (1, 4, 25), and
+training stops at 9.  Legacy lane: TF 2.15's TPUEstimator(use_tpu=False) with
+TF's own hook stops at the same step with the same evaluations, and both save
+the hook's stop variable (the Saver is built after the hooks' `begin`).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tpu_fc
+from tpu_fc._tf import TF_VERSION
+from tpu_fc._tf import tf
+from tpu_fc.estimator import early_stopping
+
+from test_train_and_evaluate import input_fn
+from test_train_and_evaluate import SessionSteps
+from test_train_and_evaluate import train_input_fn
+from test_train_and_evaluate import VOCABULARY
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEGACY_LANE = TF_VERSION == (2, 15)
+BATCH = 4
+BEST_STEP = 4
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+
+
+def model_fn(features, labels, mode, params):
+  """A linear model over an embedding; its eval metric is (global step - 4)²."""
+  del params
+  ids = tf.feature_column.categorical_column_with_identity('ids', VOCABULARY)
+  net = tf.compat.v1.feature_column.input_layer(
+      features, [tf.feature_column.embedding_column(ids, 2),
+                 tf.feature_column.numeric_column('x')])
+  predictions = tf.compat.v1.layers.dense(net, 1)
+  loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+  train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+
+  def metric_fn(labels):
+    step = tf.cast(tf.compat.v1.train.get_global_step(), tf.float32)
+    return {'distance': tf.compat.v1.metrics.mean(
+        tf.square(step - BEST_STEP) + 0 * tf.reduce_sum(labels))}
+
+  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
+      mode, loss=loss, train_op=train_op, eval_metrics=(metric_fn, [labels]))
+
+
+def estimator_of(tpu_namespace, model_dir, use_tpu, iterations_per_loop=1):
+  return tpu_namespace.TPUEstimator(
+      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      eval_batch_size=BATCH,
+      config=tpu_namespace.RunConfig(
+          model_dir=str(model_dir), tf_random_seed=1, save_checkpoints_steps=2,
+          tpu_config=tpu_namespace.TPUConfig(
+              iterations_per_loop=iterations_per_loop)))
+
+
+def train_until_stopped(estimator_namespace, experimental, estimator):
+  """(last global step, evaluated steps, stop variable saved?) of a run."""
+  evaluations = SessionSteps()
+  hook = experimental.stop_if_no_decrease_hook(
+      estimator, 'distance', max_steps_without_decrease=4,
+      run_every_secs=None, run_every_steps=1)
+  estimator_namespace.train_and_evaluate(
+      estimator,
+      estimator_namespace.TrainSpec(train_input_fn, max_steps=30, hooks=[hook]),
+      estimator_namespace.EvalSpec(input_fn, steps=1, throttle_secs=0,
+                                   hooks=[evaluations]))
+  saved = tf.train.list_variables(estimator.latest_checkpoint())
+  return (int(estimator.get_variable_value('global_step')),
+          [step for step, _ in evaluations.sessions],
+          any(name.startswith('signal_early_stopping') for name, _ in saved))
+
+
+@pytest.fixture
+def installed():
+  tpu_fc.install()
+  yield
+  tpu_fc.uninstall()
+
+
+@pytest.mark.parametrize('use_tpu, iterations_per_loop, last_step, evaluated', [
+    (False, 1, 8, [2, 4, 6, 8]),
+    (True, 1, 8, [2, 4, 6, 8]),
+    (True, 3, 9, [3, 6, 9]),
+])
+def test_no_decrease_stops_where_the_schedule_says(
+    installed, tmp_path, use_tpu, iterations_per_loop, last_step, evaluated):
+  del installed  # TF's names, as a legacy script has them
+  estimator = estimator_of(tf.compat.v1.estimator.tpu, tmp_path, use_tpu,
+                           iterations_per_loop)
+  got = train_until_stopped(tf.compat.v1.estimator,
+                            tf.compat.v1.estimator.experimental, estimator)
+  assert got == (last_step, evaluated, True)  # TF's Saver saves it too
+  distances = early_stopping.read_eval_metrics(estimator.eval_dir())
+  assert {step: m['distance'] for step, m in distances.items()} == {
+      step: float((step - BEST_STEP) ** 2) for step in evaluated}
+
+
+@pytest.mark.skipif(not LEGACY_LANE, reason='needs TF 2.15 with tensorflow_estimator')
+def test_stops_as_tf_2_15_does(tmp_path):
+  pytest.importorskip('tensorflow_estimator')
+  runs = {}
+  for library, tpu_namespace, namespace, experimental in (
+      ('tf', tf.compat.v1.estimator.tpu, tf.compat.v1.estimator,
+       tf.compat.v1.estimator.experimental),
+      ('tpu_fc', tpu_fc, tpu_fc, early_stopping)):
+    estimator = estimator_of(tpu_namespace, tmp_path / library, False)
+    runs[library] = (train_until_stopped(namespace, experimental, estimator),
+                     early_stopping.read_eval_metrics(estimator.eval_dir()))
+  assert runs['tpu_fc'][0] == runs['tf'][0]
+  assert runs['tpu_fc'][0][0] < 30  # it did stop early
+  assert list(runs['tpu_fc'][1]) == list(runs['tf'][1])
+  for step, metrics in runs['tf'][1].items():
+    assert sorted(runs['tpu_fc'][1][step]) == sorted(metrics)
+    np.testing.assert_allclose(runs['tpu_fc'][1][step]['distance'],
+                               metrics['distance'], rtol=0, err_msg=str(step))
+
+
+def write_evaluations(eval_dir, history):
+  """Writes {step: {metric: value}} as evaluations write them."""
+  with tf.Graph().as_default():
+    writer = tf.compat.v1.summary.FileWriter(str(eval_dir))
+    for step, metrics in history.items():
+      summary = tf.compat.v1.Summary()
+      for tag, value in metrics.items():
+        summary.value.add(tag=tag, simple_value=value)
+      writer.add_summary(summary, step)
+    writer.close()
+
+
+def steps_until_stopped(hook):
+  """Session runs a fresh graph makes before `hook` stops it (at most 3)."""
+  with tf.Graph().as_default():
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.assign_add(step, 1)
+    runs = 0
+    with tf.compat.v1.train.MonitoredSession(hooks=[
+        hook, tf.compat.v1.train.StopAtStepHook(last_step=3)]) as session:
+      while not session.should_stop():
+        session.run(train_op)
+        runs += 1
+    return runs
+
+
+# The history's loss: 5, 4, 4.5, 4.2 at steps 10..40; accuracy 0.5, 0.7,
+# 0.65, 0.8. {case: (hook, its arguments, stops?)}: hand-derived.
+HISTORY = {10: dict(loss=5.0, accuracy=0.5), 20: dict(loss=4.0, accuracy=0.7),
+           30: dict(loss=4.5, accuracy=0.65), 40: dict(loss=4.2, accuracy=0.8)}
+PREDICATES = {
+    'no decrease for 20 (40 - 20)': (
+        'stop_if_no_decrease_hook', ('loss', 20), {}, True),
+    'no decrease for 21': ('stop_if_no_decrease_hook', ('loss', 21), {}, False),
+    'no increase for 10 (30 - 20)': (
+        'stop_if_no_increase_hook', ('accuracy', 10), {}, True),
+    'no increase for 11 (40 beats 20)': (
+        'stop_if_no_increase_hook', ('accuracy', 11), {}, False),
+    'lower than 4.1': ('stop_if_lower_hook', ('loss', 4.1), {}, True),
+    'lower than 4.0 (not equal)': (
+        'stop_if_lower_hook', ('loss', 4.0), {}, False),
+    'higher than 0.75': ('stop_if_higher_hook', ('accuracy', 0.75), {}, True),
+    'higher than 0.75 before step 40': (
+        'stop_if_higher_hook', ('accuracy', 0.75), {'eval_dir': 'before 40'},
+        False),
+    'lower than 4.1, from step 30 (4.2 at 40)': (
+        'stop_if_lower_hook', ('loss', 4.1), {'min_steps': 30}, False),
+    'no decrease for 10, from step 30 (best at 30)': (
+        'stop_if_no_decrease_hook', ('loss', 10), {'min_steps': 30}, False),
+}
+
+
+@pytest.mark.parametrize('case', sorted(PREDICATES))
+def test_predicates(tmp_path, case):
+  name, args, kwargs, stops = PREDICATES[case]
+  write_evaluations(tmp_path / 'eval', HISTORY)
+  write_evaluations(tmp_path / 'before 40',
+                    {s: m for s, m in HISTORY.items() if s < 40})
+  kwargs = dict(kwargs, eval_dir=str(tmp_path / kwargs.get('eval_dir', 'eval')))
+  estimators = [(early_stopping, estimator_of(tpu_fc, tmp_path, False))]
+  if LEGACY_LANE:
+    pytest.importorskip('tensorflow_estimator')
+    estimators.append((tf.compat.v1.estimator.experimental,
+                       tf.compat.v1.estimator.Estimator(
+                           model_fn, model_dir=str(tmp_path))))
+  for namespace, estimator in estimators:
+    hook = getattr(namespace, name)(estimator, *args, run_every_secs=None,
+                                    run_every_steps=1, **kwargs)
+    assert steps_until_stopped(hook) == (1 if stops else 3), namespace
+
+
+def test_a_metric_the_evaluations_lack_is_named(tmp_path):
+  write_evaluations(tmp_path / 'eval', HISTORY)
+  hook = early_stopping.stop_if_lower_hook(
+      estimator_of(tpu_fc, tmp_path, False), 'auc', 0.9,
+      eval_dir=str(tmp_path / 'eval'), run_every_secs=None, run_every_steps=1)
+  with pytest.raises(KeyError, match='watches the metric "auc", but the '
+                     'evaluation of step 10 .* has only: accuracy, loss'):
+    steps_until_stopped(hook)
+
+
+def test_workers_stop_when_the_chief_has(tmp_path, monkeypatch):
+  """A worker's hook reads the stop variable the chief's hook sets."""
+  monkeypatch.setenv('TF_CONFIG', json.dumps(dict(
+      cluster=dict(chief=['localhost:1'], worker=['localhost:2']),
+      task=dict(type='worker', index=0))))
+  estimator = estimator_of(tpu_fc, tmp_path, False)
+  assert not estimator.config.is_chief
+  worker_hook = early_stopping.make_early_stopping_hook(estimator, lambda: True)
+  with tf.Graph().as_default():
+    step = tf.compat.v1.train.get_or_create_global_step()
+    train_op = tf.compat.v1.assign_add(step, 1)
+    chief_stops = tf.compat.v1.assign(early_stopping._stop_variable(), True)
+    with tf.compat.v1.train.MonitoredSession(hooks=[worker_hook]) as session:
+      session.run(train_op)
+      assert not session.should_stop()  # the chief has not asked
+      session.run(chief_stops)
+      session.run(train_op)
+      assert session.should_stop()
+
+
+def test_bad_arguments_get_tf_2_15_errors(tmp_path):
+  estimator = estimator_of(tpu_fc, tmp_path, False)
+  with pytest.raises(ValueError, match='Only one of `run_every_secs` and '
+                     '`run_every_steps` must be set.'):
+    early_stopping.make_early_stopping_hook(estimator, lambda: True, 10, 10)
+  with pytest.raises(TypeError, match='`should_stop_fn` must be callable.'):
+    early_stopping.make_early_stopping_hook(estimator, None)
+  with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
+                     r' \(here: tpu_fc.TPUEstimator\)'):
+    early_stopping.stop_if_lower_hook(object(), 'loss', 1.0)
+
+
+def test_a_legacy_script_stops_early_on_every_lane(tmp_path):
+  """`tf.estimator.experimental.stop_if_no_decrease_hook` under `tpu_fc run`."""
+  script = tmp_path / 'script.py'
+  script.write_text(
+      'import sys\n'
+      'sys.path.insert(0, {tests!r})\n'
+      'import tensorflow as tf\n'
+      'import test_early_stopping as t\n'
+      'estimator = t.estimator_of(tf.compat.v1.estimator.tpu, {model_dir!r}, '
+      'True, 3)\n'
+      'print("stopped at", t.train_until_stopped(\n'
+      '    tf.estimator, tf.estimator.experimental, estimator))\n'
+      .format(tests=os.path.dirname(os.path.abspath(__file__)),
+              model_dir=str(tmp_path / 'model')))
+  out = subprocess.run(
+      [sys.executable, '-m', 'tpu_fc', 'run', str(script)], check=True,
+      capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+      env=dict(os.environ, PYTHONPATH=REPO))
+  assert 'stopped at (9, [3, 6, 9], True)' in out.stdout
+
+
+def test_a_checkpoint_without_the_stop_variable_resumes(installed, tmp_path):
+  """Where TF 2.15's restore failed (`Key signal_early_stopping/STOP not found`)."""
+  del installed  # the model_fn's TF names
+  estimator = estimator_of(tpu_fc, tmp_path, True)
+  estimator.train(train_input_fn, max_steps=2)
+  before = dict(tf.train.list_variables(estimator.latest_checkpoint()))
+  estimator.train(train_input_fn, max_steps=4, hooks=[
+      early_stopping.make_early_stopping_hook(estimator, lambda: False)])
+  after = dict(tf.train.list_variables(estimator.latest_checkpoint()))
+  assert estimator.get_variable_value('global_step') == 4
+  assert set(after) - set(before) == {'signal_early_stopping/STOP'}
