@@ -72,8 +72,9 @@ def train(spec, hooks, saving_listeners, config):
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
-  with input_errors.explained(), _hooks_fetching_loop_tensors_explained(), \
-      tf.compat.v1.train.MonitoredTrainingSession(
+  in_loop = tpu_emulation.in_training_loop(graph)
+  with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
+      in_loop and _TRAINING_LOOP), tf.compat.v1.train.MonitoredTrainingSession(
       master=config.master,
       is_chief=config.is_chief,
       checkpoint_dir=config.model_dir,
@@ -108,24 +109,31 @@ _LOOP_FETCH_ERRORS = (
 )
 
 
-@contextlib.contextmanager
-def _hooks_fetching_loop_tensors_explained():
-  """Says why a training hook cannot fetch a model_fn tensor in the TPU loop.
+# (loop, what one session.run of it runs, the hooks, where their tensors go).
+_TRAINING_LOOP = ('training', 'iterations_per_loop steps', 'training_hooks',
+                  'host_call')
+_EVALUATION_LOOP = ('evaluation', 'all the steps of evaluate',
+                    'evaluation_hooks', 'eval_metrics')
 
-  Only where the graph has that loop: elsewhere TF's error stands alone.
+
+@contextlib.contextmanager
+def _hooks_fetching_loop_tensors_explained(loop):
+  """Says why a hook cannot fetch a model_fn tensor in an emulated TPU `loop`.
+
+  `loop` is `_TRAINING_LOOP` or `_EVALUATION_LOOP`, or falsy where the graph
+  has no loop: there TF's error stands alone.
   """
   try:
     yield
   except ValueError as error:
-    if (not any(wording in str(error) for wording in _LOOP_FETCH_ERRORS) or
-        not tpu_emulation.in_training_loop(tf.compat.v1.get_default_graph())):
+    if not loop or not any(wording in str(error)
+                           for wording in _LOOP_FETCH_ERRORS):
       raise
     raise type(error)(
-        '{}\nWith use_tpu=True the model_fn runs inside the TPU training loop '
-        '(iterations_per_loop steps per session.run), so, as on a TPU, '
-        'training_hooks cannot fetch its tensors (e.g. LoggingTensorHook on the '
-        'loss). Pass them to host_call instead, or add the hook only when '
-        'use_tpu=False.'.format(error)) from error
+        '{}\nWith use_tpu=True the model_fn runs inside the TPU {} loop ({} '
+        'per session.run), so, as on a TPU, {} cannot fetch its tensors (e.g. '
+        'LoggingTensorHook on the loss). Pass them to {} instead, or add the '
+        'hook only when use_tpu=False.'.format(error, *loop)) from error
 
 
 def evaluate(spec, hooks, checkpoint_path, config, output_dir):
@@ -157,11 +165,12 @@ def evaluate(spec, hooks, checkpoint_path, config, output_dir):
     # A custom local_init_op must also initialize the eval step counter.
     internals.get_or_create_eval_step()
     default_local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
-    scaffold = tf.compat.v1.train.Scaffold(
+    scaffold = type(scaffold)(
         local_init_op=tf.group(scaffold.local_init_op, default_local_init_op),
         copy_from_scaffold=scaffold)
 
-  with input_errors.explained():
+  with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
+      loop_loss is not None and _EVALUATION_LOOP):
     results = internals.evaluate_once(
         checkpoint_path=checkpoint_path,
         master=config.evaluation_master,

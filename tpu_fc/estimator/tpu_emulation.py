@@ -9,6 +9,7 @@ Checkpoints keep the legacy names: tables and slots under the names the columns
 recorded, dense variables under their own, TPU dummy variables left out.
 """
 import contextlib
+import functools
 import weakref
 
 from tpu_fc._tf import tf
@@ -82,7 +83,7 @@ def _check_static_shapes(value, name):
   items = value.items() if isinstance(value, dict) else [(None, value)]
   for key, tensor in items:
     for leaf in tf.nest.flatten(tensor, expand_composites=False):
-      if not leaf.shape.is_fully_defined():
+      if not tf.TensorShape(leaf.shape).is_fully_defined():
         raise ValueError(
             'The {} to the model returned by input_fn must have static shape. '
             'Tensor: {}.{} A TPU (and its emulation) needs every dimension '
@@ -175,11 +176,7 @@ def _merged_spec(raw_specs, mode):
   """
   tpu_specs = [spec_lib.as_tpu_estimator_spec(raw) for raw in raw_specs]
   if tpu_specs[0] is None:
-    if mode == spec_lib.ModeKeys.EVAL:  # metrics need the TPU's metric_fn
-      raise RuntimeError(
-          'estimator_spec used by TPU evaluation must have type'
-          '`TPUEstimatorSpec`. Got {}'.format(type(raw_specs[0])))
-    return spec_lib.to_estimator_spec(raw_specs[0])
+    return _verified_estimator_spec(raw_specs[0], mode)
   loop_body = _loop_body(tf.compat.v1.get_default_graph())
   if loop_body is not None and tpu_specs[0].scaffold_fn is not None:
     loop_body.scaffold_fns.append(tpu_specs[0].scaffold_fn)
@@ -191,7 +188,7 @@ def _merged_spec(raw_specs, mode):
   if host_call is None:
     return tpu_specs[0].as_estimator_spec()
   tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
-  metric_fn = host_call[0]
+  metric_fn = _refusing_v1_summaries(host_call[0])
   if mode == spec_lib.ModeKeys.EVAL and loop_body is not None:
     metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
   tpu_spec = tpu_specs[0]._replace(**{field: (metric_fn, tensors)})
@@ -199,6 +196,54 @@ def _merged_spec(raw_specs, mode):
     return tpu_spec.as_estimator_spec()
   with loop_body.in_outer_name_scope():  # host_call's summary tags, as on a TPU
     return tpu_spec.as_estimator_spec()
+
+
+def _verified_estimator_spec(raw_spec, mode):
+  """A model_fn's plain `EstimatorSpec`, as TPUEstimator takes it on a TPU.
+
+  TF 2.15's `_verify_estimator_spec`: chief hooks are refused, the scaffold
+  ignored (a TPU's scaffold comes from `scaffold_fn`); evaluation needs the
+  TPU's metric_fn.
+  """
+  if mode == spec_lib.ModeKeys.EVAL:
+    raise RuntimeError(
+        'estimator_spec used by TPU evaluation must have type'
+        '`TPUEstimatorSpec`. Got {}'.format(type(raw_spec)))
+  if raw_spec.training_chief_hooks:
+    raise ValueError(
+        'training_chief_hooks returned by EstimatorSpec is not supported in '
+        'TPUEstimator.If you want to pass training hooks, please pass via '
+        'training_hooks.')
+  tf.compat.v1.logging.warn('EstimatorSpec.Scaffold is ignored by TPU '
+                            'train/eval. Please use TPUEstimatorSpec.')
+  return spec_lib.to_estimator_spec(raw_spec)._replace(
+      scaffold=tf.compat.v1.train.Scaffold())
+
+
+# What a TPU's host_call refuses (TF 2.15's `CatchInvalidHostcallFunctions`).
+_V1_SUMMARY_OPS = frozenset((
+    'AudioSummary', 'AudioSummaryV2', 'HistogramSummary', 'ImageSummary',
+    'MergeSummary', 'ScalarSummary', 'TensorSummary', 'TensorSummaryV2'))
+
+
+def _refusing_v1_summaries(host_fn):
+  """`host_fn`, raising TF's error if it makes a `tf.compat.v1.summary` op.
+
+  On a TPU such a summary has no writer in the host loop; TF refuses it, in
+  every loop length (tpu_fc's one-step runs could write it, its loops not).
+  """
+  @functools.wraps(host_fn)
+  def refusing(*args, **kwargs):
+    graph = tf.compat.v1.get_default_graph()
+    ops_before = len(graph.get_operations())
+    result = host_fn(*args, **kwargs)
+    if any(op.type in _V1_SUMMARY_OPS
+           for op in graph.get_operations()[ops_before:]):
+      raise ValueError('Please use tf.contrib.summary instead of tf.summary '
+                       'inside of host_calls.')
+    return result
+
+  return refusing
 
 
 def _outermost(graph):
@@ -290,8 +335,10 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   graph = tf.compat.v1.get_default_graph()
   driver_graph = _outermost(graph)  # where the driver reads its collections
   _localize_dummies(graph)
-  estimator_spec = _merged_spec(raw_specs, mode)
+  # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
+  # as TPUEstimator creates them first.
   checkpoints.record_names(driver_graph, _checkpoint_names(backends, graph))
+  estimator_spec = _merged_spec(raw_specs, mode)
   if not training or not backends:
     return estimator_spec
   updates, hooks = [], list(estimator_spec.training_hooks)
