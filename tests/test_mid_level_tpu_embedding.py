@@ -368,6 +368,11 @@ def _misuse_cases():
   def dense_float_ids(embedding):  # (not cast silently: 1.7 is no id)
     embedding.enqueue({'ids': tf.constant([1.7, 2.0])})
 
+  def two_applies(embedding):
+    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    embedding.apply_gradients({'ids': tf.ones([4, 2])})
+    embedding.apply_gradients({'ids': tf.ones([4, 2])})
+
   def one_weight_too_few(embedding):
     embedding.enqueue({'ids': tf.ragged.constant([[1], [2, 3]], tf.int64)},
                       weights={'ids': tf.ragged.constant([[1.0], [2.0]])})
@@ -395,6 +400,8 @@ def _misuse_cases():
       (one_weight_too_few, ValueError, r'Feature ids: the weights given to '
        r'enqueue must hold one weight per id, at the same indices; got 2 '
        r'weights for 3 ids.'),
+      (two_applies, RuntimeError, 'apply_gradients called twice after one '
+       'enqueue'),
   ]
 
 
@@ -403,6 +410,39 @@ def _misuse_cases():
 def test_misuse_gets_tfs_error_or_a_clear_one(misuse, error, text):
   with pytest.raises(error, match=text):
     misuse(harness.mid_level_embedding('adagrad', 1))
+
+
+def test_quantized_lookups_follow_tfs_formula_and_gradients_pass_unchanged():
+  """`QuantizationConfig(5, -1, 1)`: buckets -1, -0.5, 0, 0.5, 1 (quantum 0.5).
+
+  Row 1 = [0.3, -0.8], row 2 = [0.74, 2.0]: clipped and rounded to the
+  nearest bucket, [0.5, -1.0] and [0.5, 1.0], then their mean [0.5, 0.0]; an
+  SGD step of gradient 1 (learning rate 1) moves each row by -1/2, as
+  unquantized (a TPU's quantization is forward only).
+  """
+  rows = np.array([[0, 0], [0.3, -0.8], [0.74, 2.0]], np.float32)
+  table = embedding_api.TableConfig(
+      vocabulary_size=3, dim=2, initializer=tf.constant_initializer(rows),
+      quantization_config=embedding_api.QuantizationConfig(5, -1.0, 1.0))
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      {'ids': embedding_api.FeatureConfig(table=table)},
+      embedding_api.SGD(learning_rate=1.0))
+  embedding.enqueue({'ids': tf.ragged.constant([[1, 2]], tf.int64)})
+  np.testing.assert_array_equal(embedding.dequeue()['ids'], [[0.5, 0.0]])
+  embedding.apply_gradients({'ids': tf.ones([1, 2])})
+  np.testing.assert_array_equal(
+      embedding.embedding_tables[table],
+      rows - np.array([[0, 0], [0.5, 0.5], [0.5, 0.5]], np.float32))
+
+
+def test_a_custom_combiner_is_refused_naming_the_table():
+  table = embedding_api.TableConfig(vocabulary_size=3, dim=2, name='video')
+  table.combiner = lambda values: values  # (TF 2.21's CustomCombiner is one)
+  with pytest.raises(NotImplementedError, match="TableConfig 'video': "
+                     'combiner .* is not supported by tpu_fc'):
+    tpu_fc.mid_level.TPUEmbedding(
+        {'ids': embedding_api.FeatureConfig(table=table)},
+        embedding_api.SGD(learning_rate=1.0))
 
 
 def test_tables_are_named_and_optimized_as_tfs_class_does():

@@ -158,7 +158,10 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       raise ValueError('num_cores must be a positive int, got {!r}.'.format(
           num_cores))
     self._num_cores = num_cores
-    self._engine = None  # the first enqueue's inputs complete its layout
+    # What the engine cannot do is refused now (a combiner, an optimizer), not
+    # at the first enqueue, whose inputs complete the layout.
+    spec_lib.layout_of_mid_level(self._named)
+    self._engine = None
     self._output_sequence_lengths = None
     self._step = None  # what enqueue looked up, for dequeue / apply_gradients
 
@@ -316,6 +319,12 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if not step.training:
       raise RuntimeError('apply_gradients called after enqueue(training=False):'
                          ' enqueue the step with training=True to train it.')
+    if step.applied:
+      raise RuntimeError(
+          'apply_gradients called twice after one enqueue: a TPU takes one '
+          'set of gradients per enqueued batch (a second would update the '
+          'tables again). Sum the gradients into one call, or enqueue the '
+          'next batch first.')
     if any(table.optimizer is None for table in self._table_config):
       raise RuntimeError('apply_gradients needs an optimizer; this TPUEmbedding'
                          ' was created with optimizer=None.')
@@ -336,6 +345,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
                          'shape {}.'.format(gradient.shape, path, expected))
       given[path] = tf.reshape(tf.cast(gradient, tf.float32),
                                tf.shape(step.lookups[path]))
+    step.applied = True
     return self._engine.apply_gradients(step.lookup_step,
                                         pipelined=self._pipelined,
                                         activation_gradients=given)
@@ -380,6 +390,7 @@ class _Step:
     self.activations = activations
     self.training = training
     self.graph = graph
+    self.applied = False  # one apply_gradients per enqueue, as on a TPU
 
 
 def _graph():

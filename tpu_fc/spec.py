@@ -95,6 +95,9 @@ class TableSpec:
   spec's; `learning_rate` / `learning_rate_fn` follow the legacy precedence: a truthy
   `learning_rate`, else `learning_rate_fn(global_step)`, else the optimizer's rate.
   `combiner` None means dense ids, one per example (legacy dict path only).
+  `quantization` is a mid-level table's `QuantizationConfig` as `(num_buckets,
+  lower, upper)`: the TPU clips and quantizes its looked-up rows before the
+  combiner, and passes gradients through unchanged.
   """
   name: str
   vocabulary_size: int
@@ -104,6 +107,7 @@ class TableSpec:
   optimizer: Any = None
   learning_rate: Optional[float] = None
   learning_rate_fn: Optional[Callable] = None
+  quantization: Optional[Tuple[int, float, float]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,11 +167,20 @@ def _layout_from_columns(feature_columns):
 
 def _table_spec_from_config(name, config):
   if _is_mid_level(config, 'TableConfig'):
+    if config.combiner not in ('mean', 'sum', 'sqrtn'):
+      raise NotImplementedError(
+          'TableConfig {!r}: combiner {!r} is not supported by tpu_fc, whose '
+          'lookups combine with "mean", "sum" or "sqrtn" (the combiners of '
+          'TF\'s TPU embedding engine); use one of those.'.format(
+              name, config.combiner))
+    quantization = getattr(config, 'quantization_config', None)
     return TableSpec(
         name=name, vocabulary_size=config.vocabulary_size, dimension=config.dim,
         initializer=config.initializer, combiner=config.combiner,
         optimizer=(None if config.optimizer is None else
-                   optimizers.from_mid_level(config.optimizer)))
+                   optimizers.from_mid_level(config.optimizer)),
+        quantization=None if quantization is None else (
+            quantization.num_buckets, quantization.lower, quantization.upper))
   return TableSpec(
       name=name, vocabulary_size=config.vocabulary_size,
       dimension=config.dimension, initializer=config.initializer,

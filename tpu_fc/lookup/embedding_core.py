@@ -246,6 +246,16 @@ def _gather(table, ids):
   return tf.compat.v1.nn.embedding_lookup(parts, ids, partition_strategy='div')
 
 
+def _quantized(rows, num_buckets, lower, upper):
+  """`rows` clipped to [lower, upper] and rounded to the nearest of
+  `num_buckets` evenly spaced values, in float32 by the formula of TF's
+  `QuantizationConfig` (the TPU's simulated quantization)."""
+  lower, upper = np.float32(lower), np.float32(upper)
+  quantum = (upper - lower) / np.float32(num_buckets - 1)
+  clipped = tf.clip_by_value(rows, lower, upper)
+  return tf.floor((clipped - lower) / quantum + 0.5) * quantum + lower
+
+
 def _split_div(parts, ids, *per_id):
   """[(part, ids within the part, *per_id within the part)] under the `div`
   layout; `per_id` are tensors (or None) with one entry per id."""
@@ -552,6 +562,8 @@ class HostEmbeddingEngine:
         gathered = _gather(self.tables[table.name], all_ids)
     step.unique_ids[table.name] = unique_ids
     step.gathered[table.name] = gathered
+    if table.quantization is not None:
+      gathered = _quantized(gathered, *table.quantization)
     if len(parsed) == 1:
       feature_rows, feature_values = [rows], [gathered]
     else:
