@@ -617,6 +617,21 @@ def test_run_config_defaults_replace_and_immutability(tmp_path):
     config.replace(model_dir='')
 
 
+@pytest.mark.parametrize('name', ['train_distribute', 'eval_distribute',
+                                  'experimental_distribute'])
+def test_run_config_takes_no_distribution_strategy(name):
+  """None (a script's default) is TF's; a strategy is refused, saying why."""
+  config = RunConfig(**{name: None})
+  assert getattr(config, name) is None
+  strategy = tf.distribute.OneDeviceStrategy('/cpu:0')
+  message = (r'^RunConfig\({}=...\): tpu_fc runs no tf.distribute strategy; '
+             r'.*TPUConfig\(num_shards=...\).*Leave {} None.$'.format(name, name))
+  with pytest.raises(ValueError, match=message):
+    RunConfig(**{name: strategy})
+  with pytest.raises(ValueError, match=message):
+    config.replace(**{name: strategy})
+
+
 def test_tpu_config_values_and_validation():
   config = TPUConfig()
   assert (config.iterations_per_loop, config.num_shards,

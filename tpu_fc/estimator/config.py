@@ -351,6 +351,13 @@ _USE_DEFAULT = object()
 _SAVE_CKPT_ERR = (
     '`save_checkpoints_steps` and `save_checkpoints_secs` cannot be both set.')
 
+# Estimator's distribution strategies: tpu_fc runs none (only None is taken).
+_STRATEGY_FIELDS = ('train_distribute', 'eval_distribute',
+                    'experimental_distribute')
+_NO_STRATEGY = (
+    'RunConfig({}=...): tpu_fc runs no tf.distribute strategy; a TPUEstimator '
+    'splits its batch over TPUConfig(num_shards=...) emulated cores, and trains '
+    'with parameter servers from TF_CONFIG (docs/scaling.md). Leave {} None.')
 # Keyword fields of `RunConfig.__init__`, all replaceable as in Estimator.
 _KWARG_FIELDS = (
     'model_dir', 'tf_random_seed', 'save_summary_steps',
@@ -358,7 +365,7 @@ _KWARG_FIELDS = (
     'keep_checkpoint_max', 'keep_checkpoint_every_n_hours',
     'log_step_count_steps', 'session_creation_timeout_secs',
     'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas',
-    'experimental_max_worker_delay_secs')
+    'experimental_max_worker_delay_secs') + _STRATEGY_FIELDS
 # The cluster-role properties: from TF_CONFIG or a parameter-server resolver.
 _CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
                    'evaluation_master', 'is_chief', 'num_ps_replicas',
@@ -391,7 +398,8 @@ _PROPERTY_CHECKS = (
      'device_fn must be callable with exactly one argument "op".'),
     ('experimental_max_worker_delay_secs', lambda v: isinstance(v, int),
      'experimental_max_worker_delay_secs must be an integer if set.'),
-)
+) + tuple((name, lambda v: False, _NO_STRATEGY.format(name, name))
+          for name in _STRATEGY_FIELDS)
 
 
 def _fn_args(fn):
@@ -449,7 +457,10 @@ class RunConfig(object):
                device_fn=None,
                protocol=None,
                sync_replicas=False,
-               experimental_max_worker_delay_secs=None):
+               experimental_max_worker_delay_secs=None,
+               train_distribute=None,
+               eval_distribute=None,
+               experimental_distribute=None):
     if (save_checkpoints_steps is _USE_DEFAULT and
         save_checkpoints_secs is _USE_DEFAULT):
       save_checkpoints_steps, save_checkpoints_secs = None, 600
@@ -503,6 +514,9 @@ class RunConfig(object):
         protocol=protocol,
         sync_replicas=sync_replicas,
         experimental_max_worker_delay_secs=experimental_max_worker_delay_secs,
+        train_distribute=train_distribute,
+        eval_distribute=eval_distribute,
+        experimental_distribute=experimental_distribute,
         tpu_config=coerce_tpu_config(tpu_config),
         cluster=cluster,
         **settings)
@@ -524,6 +538,9 @@ class RunConfig(object):
   sync_replicas = _field('sync_replicas')
   experimental_max_worker_delay_secs = _field(
       'experimental_max_worker_delay_secs')
+  train_distribute = _field('train_distribute')
+  eval_distribute = _field('eval_distribute')
+  experimental_distribute = _field('experimental_distribute')
   tpu_config = _field('tpu_config')
   master = _field('master')
   evaluation_master = _field('evaluation_master')
