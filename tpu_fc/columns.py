@@ -296,6 +296,14 @@ def _record_table_name(column, state_manager, validate_scope=False):
   if not scope.endswith(column.name):  # SequenceFeatures builds in the column's scope
     scope = '/'.join(part for part in (
         scope, layer.name if layer is not None else None, column.name) if part)
+  if validate_scope and names.get(var_name, (scope,))[0] != scope:
+    raise ValueError(
+        'Column {} is used by two layers ({} and {}): on the CPU each layer '
+        'makes a table of its own, on a TPU one table serves both, so neither '
+        'the checkpoints nor predict and export could carry over between the '
+        'two. Look the column up in one layer and pass its output to both '
+        'towers, or make one column per layer.'.format(
+            column.name, names[var_name][0], scope))
   names[var_name] = (scope, naming.COLUMN_TABLE)
 
 

@@ -298,7 +298,8 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config):
   call it before `drop_build_records`.
   """
   recorded = graph.get_collection(_NAMES_COLLECTION)
-  built_names = recorded[-1] if recorded else None
+  recorded_names = recorded[-1] if recorded else {}
+  named = {id(v) for v in _variables_saved_as(recorded_names, recorded_names)}
   built = {id(v) for v in tf.compat.v1.global_variables()}
 
   def add_saver():
@@ -307,11 +308,12 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config):
     variables = tf.compat.v1.global_variables()
     later = internals.op_list_to_dict(
         [v for v in variables if id(v) not in built])
-    if built_names is None:
+    if recorded_names:  # and what the model built after the record
+      names = {**recorded_names, **internals.op_list_to_dict(
+          [v for v in variables if id(v) not in named])}
+    else:
       names = internals.op_list_to_dict(variables + tf.compat.v1.get_collection(
           tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
-    else:
-      names = {**built_names, **later}
     graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
         names, checkpoint_path, sharded=True,
         input_pipeline=graph.get_collection(_INPUT_PIPELINE_COLLECTION),

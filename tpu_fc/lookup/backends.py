@@ -15,6 +15,8 @@ The TPU's own `TPUEmbedding` (`tpu_embedding.TPUEmbeddingEngine`) is not among
 them: without a TPU to run it, the driver emulates.
 """
 from tpu_fc import build_context
+from tpu_fc._tf import tf
+from tpu_fc import columns as columns_lib
 from tpu_fc.lookup import base
 from tpu_fc.lookup import embedding_core
 from tpu_fc.lookup import profile
@@ -38,9 +40,36 @@ def backends_for(spec, mode, on_tpu, partitioned_tables=False, serving=False):
     return ()
   if mode == build_context.PREDICT and (serving or spec.feature_columns or
                                         spec.tensor_core_feature_columns):
-    return (CpuLookupBackend(spec.embedding_layout()),)
+    return (CpuLookupBackend(spec.embedding_layout(),
+                             spec.tensor_core_feature_columns or ()),)
+  _log_untransformed_ids(tuple(spec.feature_columns or ()) +
+                         tuple(spec.tensor_core_feature_columns or ()))
   return (EmbeddingCoreBackend(spec, named_by_columns=not partitioned_tables),
           TensorCoreBackend(spec.tensor_core_feature_columns or ()))
+
+
+_LOGGED_UNTRANSFORMED = set()
+
+
+def _log_untransformed_ids(columns):
+  """Says, once per column, that the TPU does not apply a column's vocabulary
+  or hash to integer ids (a string column's ids fail the step, saying so)."""
+  for column in columns:
+    categorical = column.categorical_column
+    while hasattr(categorical, 'categorical_column'):  # weighted, sequence
+      categorical = categorical.categorical_column
+    dtype = getattr(categorical, 'dtype', None)  # vocabulary and hash columns
+    if (dtype is None or not dtype.is_integer or
+        column.name in _LOGGED_UNTRANSFORMED):
+      continue
+    _LOGGED_UNTRANSFORMED.add(column.name)
+    tf.compat.v1.logging.warning(
+        'Column %s: on a TPU its ids are looked up as the input gives them, '
+        'without the vocabulary or hash of %s (TF 2.15 did the same); give it '
+        'transformed ids in TRAIN and EVAL (`column.categorical_column.'
+        '_transform_feature(...)` in input_fn) and the raw feature in PREDICT, '
+        'whose CPU lookup, like the exported model, transforms it.',
+        column.name, categorical.name)
 
 
 def predicts_in_model_graph(backends):
@@ -132,10 +161,14 @@ class TensorCoreBackend(base.EmbeddingBackend):
 class CpuLookupBackend(base.EmbeddingBackend):
   """The columns look up on the host (a TPU model's predict and serving)."""
 
-  def __init__(self, layout):
+  def __init__(self, layout, tensor_core_columns):
     self._layout = layout
+    self._tensor_core_widths = {
+        column.get_feature_key_name(): columns_lib.tensor_core_shape(column)[1]
+        for column in tensor_core_columns}
 
   def model_features(self, features, batch_size):
-    """Sequences cut at their `max_sequence_length`, as the TPU enqueues them."""
+    """Sequences and tensor-core ids cut as the TPU enqueues them."""
     del batch_size
-    return embedding_core.cut_sequences(features, self._layout)
+    return embedding_core.cut_as_enqueued(features, self._layout,
+                                          self._tensor_core_widths)

@@ -48,12 +48,13 @@ MISSING_WEIGHTS_ERROR = (
 
 
 def as_sparse(name, value, keep_zero_ids, multivalent=False):
-  """Ids (or weights) of one feature as a rank-2 SparseTensor, TPU-style.
+  """Ids of one feature as a rank-2 SparseTensor, TPU-style.
 
   Dense ids are enqueued through `tf.where(x)` (id 0 dropped), except for tables
-  with `combiner=None`, whose dense ids go one per example, 0 included.  With
-  `multivalent` (sequence features), rank 3 is accepted too: `[batch,
-  position, ids]`, several ids at one position.
+  with `combiner=None`, whose dense ids go one per example, 0 included; their
+  negative entries are padding, never entries (a dense sequence's length ends at
+  its last id).  With `multivalent` (sequence features), rank 3 is accepted too:
+  `[batch, position, ids]`, several ids at one position.
   """
   if isinstance(value, tf.RaggedTensor):
     value = value.to_sparse()
@@ -64,7 +65,8 @@ def as_sparse(name, value, keep_zero_ids, multivalent=False):
     if keep_zero_ids:
       value = tf.RaggedTensor.from_tensor(value).to_sparse()
     else:
-      value = tf.sparse.from_dense(value)
+      value = tf.sparse.from_dense(
+          tf.maximum(value, 0) if value.dtype.is_integer else value)
   ranks = (2, 3) if multivalent else (2,)
   if value.shape.rank is not None and value.shape.rank not in ranks:
     raise ValueError(
@@ -108,24 +110,31 @@ def check_ids(feature_name, table_name, ids, vocabulary_size):
     return tf.identity(ids)
 
 
-def cut_sequences(features, layout):
-  """`features` with each sequence feature (and its weights) cut at its
-  max_sequence_length, as the TPU enqueues it.
+def cut_as_enqueued(features, layout, tensor_core_widths):
+  """`features` cut as the TPU enqueues them, ragged ones made sparse.
 
-  For the CPU lookups of predict and serving of a TPU model: they then compute
-  what the TPU does (sparse ids padded to `[batch, max_sequence_length, ...]`,
-  lengths capped), in memory bounded by batch x max_sequence_length x dim
-  whatever a request holds.
+  Each sequence feature (and its weights) at its max_sequence_length, each
+  tensor-core feature at its `tensor_core_shape[1]` ids (`tensor_core_widths`:
+  feature name -> width).  For the CPU lookups of predict and serving of a TPU
+  model: they then compute what the TPU does (sparse ids padded to `[batch,
+  max_sequence_length, ...]`, lengths capped; a tensor-core example's first ids),
+  in memory bounded by the batch and those lengths whatever a request holds;
+  the feature columns of that lookup take no RaggedTensor.
   """
   if not isinstance(features, dict):
     return features
-  result = dict(features)
+  lengths = dict(tensor_core_widths)  # key -> its length, or None: not cut
   for feature in layout.features:
-    if not feature.is_sequence:
-      continue
     for key in (feature.name, feature.weight_key):
-      if result.get(key) is not None:
-        result[key] = _cut(result[key], feature.max_sequence_length)
+      if key:
+        lengths[key] = feature.max_sequence_length or None
+  result = dict(features)
+  for key, length in lengths.items():
+    value = result.get(key)
+    if isinstance(value, tf.RaggedTensor):
+      value = result[key] = value.to_sparse()
+    if value is not None and length is not None:
+      result[key] = _cut(value, length)
   return result
 
 
@@ -136,7 +145,8 @@ def _cut(value, length):
                       axis=0)
     return tf.sparse.reset_shape(
         tf.sparse.slice(value, tf.zeros_like(value.dense_shape), shape), shape)
-  return value[:, :length]
+  value = tf.convert_to_tensor(value)
+  return value[:, :length] if value.shape.rank != 1 else value
 
 
 def _static_batch(features, embedding_features):
