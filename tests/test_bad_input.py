@@ -505,6 +505,143 @@ def test_mod_partition_strategy_on_cpu(tmp_path):
         tf.compat.v1.tpu.experimental.AdagradParameters, tmp_path)
 
 
+def _train_one_step_on_tpu(model_dir, columns=None, spec=None,
+                           tpu_config=None, **estimator_kwargs):
+  """One emulated-TPU training step of the case's model (its bad part given)."""
+  columns = columns or make_columns('embedding_core')
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=make_model_fn(columns), train_batch_size=B,
+      config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=(
+          tpu_config or tpu_fc.TPUConfig(num_shards=NS))),
+      embedding_config_spec=spec or tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)),
+      **estimator_kwargs)
+  estimator.train(make_input_fn(lambda: {'ids': sparse(IDS)}), max_steps=1)
+
+
+def test_a_combiner_typo_gets_tfs_error_before_training(tmp_path):
+  """Refused when the TPU builds its tables, with the text of TF's TableConfig."""
+  columns = [tpu_fc.embedding_column(fc.categorical_column_with_identity(
+      'ids', V), D, combiner='avg')]
+  error = outcome(_train_one_step_on_tpu, tmp_path, columns)
+  _assert_raised(error, ValueError, [
+      'combiner must be "mean", "sum", "sqrtn" or None. Received: avg.'])
+  assert not os.path.exists(tmp_path / 'checkpoint')
+  if LEGACY:
+    from tensorflow.python.tpu import tpu_embedding  # pylint: disable=g-import-not-at-top
+    assert error == outcome(tpu_embedding.TableConfig, V, D, combiner='avg')
+
+
+def _dict_spec(table_optimizer=None, unused_table=False, **spec_kwargs):
+  tables = {'t': tpu_fc.TableConfig(V, D, optimization_parameters=(
+      table_optimizer))}
+  if unused_table:
+    tables['u'] = tpu_fc.TableConfig(V, D)
+  return tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'ids': tpu_fc.FeatureConfig('t')},
+      table_to_config_dict=tables, **spec_kwargs)
+
+
+@pytest.mark.parametrize('spec_kwargs, message', [
+    (dict(), '`optimization_parameters` is missing.'),
+    (dict(optimization_parameters='adagrad'), '`optimization_parameters` must '
+     'inherit from `_OptimizationParameters`. `type(optimization_parameters)`='
+     "<class 'str'>"),
+    (dict(optimization_parameters=tpu_fc.AdagradParameters(0.1),
+          unused_table=True),
+     "`table_to_config_dict` specifies table that is not used in "
+     "`feature_to_config_dict`: {'u'}."),
+])
+def test_dict_configs_get_tfs_checks_when_the_tpu_builds_them(
+    tmp_path, spec_kwargs, message):
+  """TF 2.15's texts (`tpu_embedding._validate_*`, run by its TPU's build)."""
+  spec = _dict_spec(**spec_kwargs)
+  _assert_raised(outcome(_train_one_step_on_tpu, tmp_path, spec=spec),
+                 ValueError, [message])
+  _assert_raised(outcome(spec.to_mid_level), ValueError, [message])
+
+
+def test_a_dict_spec_whose_tables_all_have_optimizers_needs_no_other():
+  spec = _dict_spec(table_optimizer=tpu_fc.AdagradParameters(0.1))
+  config = spec.to_mid_level()
+  assert config.optimizer is None
+  assert isinstance(config.tables[0].optimizer,
+                    tf.tpu.experimental.embedding.Adagrad)
+
+
+def test_two_shared_groups_of_one_name_and_other_shapes_are_refused(tmp_path):
+  columns = (tpu_fc.shared_embedding_columns(
+      [fc.categorical_column_with_identity('ids', V),
+       fc.categorical_column_with_identity('b', V)], D,
+      shared_embedding_collection_name='t') +
+             tpu_fc.shared_embedding_columns(
+                 [fc.categorical_column_with_identity('c', V)], D + 1,
+                 shared_embedding_collection_name='t'))
+  _assert_raised(outcome(_train_one_step_on_tpu, tmp_path, columns),
+                 ValueError, ['Columns of table t differ', 'of dimension 3',
+                              'its own shared_embedding_collection_name'])
+
+
+@pytest.mark.parametrize('make_bad, fragments', [
+    (lambda: dict(tpu_config={'num_shards': 4}),
+     ['tpu_config must be a TPUConfig', "got {'num_shards': 4}"]),
+    (lambda: dict(spec=_dict_spec(
+        optimization_parameters=tpu_fc.AdagradParameters(0.1),
+        experimental_gradient_multiplier_fn=0.5)),
+     ['experimental_gradient_multiplier_fn must be a function of the global '
+      'step', 'got 0.5']),
+    (lambda: dict(columns=[tpu_fc.embedding_column(
+        fc.categorical_column_with_identity('ids', V), D,
+        learning_rate_fn=0.1)]),
+     ['Column ids_embedding: learning_rate_fn must be a function of the '
+      'global step', 'got 0.1']),
+], ids=['tpu_config_dict', 'multiplier', 'learning_rate_fn'])
+def test_configs_of_the_wrong_kind_are_named(tmp_path, make_bad, fragments):
+  _assert_raised(outcome(lambda: _train_one_step_on_tpu(tmp_path,
+                                                        **make_bad())),
+                 (TypeError, ValueError), fragments)
+
+
+def _predict_on_shards(module, spec_cls, parameters_cls, model_dir, **kwargs):
+  columns = make_columns('embedding_core')
+  estimator = module.TPUEstimator(
+      model_fn=make_model_fn(columns), train_batch_size=8,
+      predict_batch_size=6, config=module.RunConfig(
+          model_dir=str(model_dir), tpu_config=module.TPUConfig(num_shards=4)),
+      embedding_config_spec=spec_cls(
+          feature_columns=columns,
+          optimization_parameters=parameters_cls(0.1)), **kwargs)
+  return list(estimator.predict(make_input_fn(lambda: {'ids': sparse(IDS)})))
+
+
+def test_a_predict_batch_not_divisible_by_the_shards_gets_tfs_error(tmp_path):
+  error = outcome(_predict_on_shards, tpu_fc, tpu_fc.EmbeddingConfigSpec,
+                  tpu_fc.AdagradParameters, tmp_path)
+  # (TF 2.15's text, tpu_context.py's validate; its class first looks for a TPU)
+  _assert_raised(error, ValueError, ['predict batch size 6 must be divisible '
+                                     'by number of replicas 4'])
+
+
+def test_export_saved_model_api_version_is_taken_as_tfs(tmp_path):
+  for version in (1, 2):
+    tpu_fc.TPUEstimator(model_fn=make_model_fn(make_columns('cpu')),
+                        use_tpu=False, train_batch_size=B,
+                        config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+                        export_saved_model_api_version=version)
+  bad = outcome(_predict_on_shards, tpu_fc, tpu_fc.EmbeddingConfigSpec,
+                tpu_fc.AdagradParameters, tmp_path,
+                export_saved_model_api_version=3)
+  _assert_raised(bad, ValueError, [
+      'export_saved_model_api_version should be 1 or 2; got 3.'])
+  if LEGACY:
+    legacy = tf.compat.v1.estimator.tpu
+    assert bad == outcome(_predict_on_shards, legacy,
+                          legacy.experimental.EmbeddingConfigSpec,
+                          tf.compat.v1.tpu.experimental.AdagradParameters,
+                          tmp_path, export_saved_model_api_version=3)
+
+
 # Checkpoints and model_dir --------------------------------------------------------
 
 

@@ -137,6 +137,14 @@ class EmbeddingLayout:
     return tuple(f for f in self.features if f.table == table_name)
 
 
+def _check_step_function(function, what):
+  """Refuses a `global_step -> value` function that is no function (a TPU
+  would fail calling it, far from the config)."""
+  if function is not None and not callable(function):
+    raise TypeError('{} must be a function of the global step (global_step -> '
+                    'value), got {!r}.'.format(what, function))
+
+
 def _layout_from_columns(feature_columns):
   """Legacy `get_configs_from_feature_columns`: TPU columns -> tables and features."""
   for column in feature_columns:
@@ -157,6 +165,22 @@ def _layout_from_columns(feature_columns):
         max_sequence_length=column.get_max_sequence_length(),
         weight_key=column.get_weight_key_name(), column=column)
     vocabulary_size, dimension = column.get_embedding_table_size()
+    _check_step_function(column.get_learning_rate_fn(),
+                         'Column {}: learning_rate_fn'.format(column.name))
+    # TF 2.15's checks (its TPU builds a TableConfig per column).
+    TableConfig(vocabulary_size, dimension, column.get_initializer(),
+                column.get_combiner(),
+                learning_rate_fn=column.get_learning_rate_fn())
+    shared = tables.get(table_name)
+    if shared is not None and (shared.vocabulary_size, shared.dimension) != (
+        vocabulary_size, dimension):
+      raise ValueError(
+          'Columns of table {} differ: {} has {} rows of dimension {}, another '
+          '{} of dimension {}. Give each group of shared columns its own '
+          'shared_embedding_collection_name.'.format(
+              table_name[len(naming.TABLE_PREFIX):], column.name,
+              vocabulary_size, dimension,
+              shared.vocabulary_size, shared.dimension))
     # Last writer wins for a shared table, as in the legacy engine.
     tables[table_name] = TableSpec(
         name=table_name, vocabulary_size=vocabulary_size, dimension=dimension,
@@ -201,6 +225,30 @@ def _table_key_of(feature_config, table_to_config_dict):
       return key
   name = feature_config.table.name
   return name if name in table_to_config_dict else None
+
+
+def _check_dicts_as_a_tpu_does(feature_to_config_dict, table_to_config_dict,
+                               optimization_parameters):
+  """TF 2.15's checks of dict configs, made where a TPU builds its embedding
+  (`tpu_embedding._validate_feature_to_config_dict` and
+  `_validate_optimization_parameters`): the spec's constructor takes these."""
+  used = {_table_key_of(config, table_to_config_dict)
+          for config in feature_to_config_dict.values()}
+  unused = set(table_to_config_dict) - used
+  if unused:
+    raise ValueError('`table_to_config_dict` specifies table that is not '
+                     'used in `feature_to_config_dict`: {}.'.format(unused))
+  if optimization_parameters:
+    if not isinstance(optimization_parameters,
+                      optimizers._OptimizationParameters):  # pylint: disable=protected-access
+      raise ValueError('`optimization_parameters` must inherit from '
+                       '`_OptimizationParameters`. '
+                       '`type(optimization_parameters)`={}'.format(
+                           type(optimization_parameters)))
+  elif any(getattr(config, 'optimization_parameters',
+                   getattr(config, 'optimizer', None)) is None
+           for config in table_to_config_dict.values()):
+    raise ValueError('`optimization_parameters` is missing.')
 
 
 def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
@@ -285,6 +333,8 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     if partition_strategy not in ('div', 'mod'):
       raise ValueError('Invalid partition_strategy {}. Must be one of "mod" or '
                        '"div".'.format(partition_strategy))
+    _check_step_function(experimental_gradient_multiplier_fn,
+                         'experimental_gradient_multiplier_fn')
     given_optimizer = optimization_parameters
     optimization_parameters = _as_supported_optimizer(optimization_parameters)
     tensor_core_feature_columns = None
@@ -341,6 +391,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     """Embedding-core tables and features (the ones the TPU embedding engine owns)."""
     if self.feature_columns is not None:
       return _layout_from_columns(self.feature_columns)
+    _check_dicts_as_a_tpu_does(self.feature_to_config_dict,
+                               self.table_to_config_dict,
+                               self.optimization_parameters)
     return _layout_from_dicts(self.feature_to_config_dict,
                               self.table_to_config_dict)
 
@@ -490,10 +543,8 @@ def _warn_once(message):
 def to_mid_level(spec, global_step=None):
   """Builds the `MidLevelConfig` of `spec`; see `EmbeddingConfigSpec.to_mid_level`."""
   parameters = spec.optimization_parameters
-  if parameters is None:
-    raise ValueError('to_mid_level() needs the spec\'s optimization_parameters.')
-  optimizer = parameters.to_mid_level()
-  layout = spec.embedding_layout()
+  layout = spec.embedding_layout()  # (without parameters, every table has its own)
+  optimizer = None if parameters is None else parameters.to_mid_level()
   tensor_core = spec.tensor_core_layout()
   multiplier_fn = spec.experimental_gradient_multiplier_fn
   tables = _mid_level_tables(layout, parameters, optimizer, global_step)

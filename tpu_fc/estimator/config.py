@@ -156,6 +156,11 @@ def coerce_tpu_config(tpu_config):
     return TPUConfig()
   if isinstance(tpu_config, TPUConfig):
     return tpu_config
+  if not all(hasattr(tpu_config, field) for field in (
+      'iterations_per_loop', 'num_shards', 'per_host_input_for_training')):
+    raise TypeError(
+        'tpu_config must be a TPUConfig (e.g. tpu_config=TPUConfig('
+        'iterations_per_loop=100, num_shards=8)), got {!r}.'.format(tpu_config))
   return TPUConfig(**{
       field: getattr(tpu_config, field)
       for field in TPUConfig._fields

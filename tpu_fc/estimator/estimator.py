@@ -381,8 +381,15 @@ class TPUEstimator(object):
                export_to_tpu=True,
                export_to_cpu=True,
                warm_start_from=None,
-               embedding_config_spec=None):
+               embedding_config_spec=None,
+               export_saved_model_api_version=1):
     config = coerce_run_config(config)
+    # (TF's enum or 1 / 2; it shapes only the TPU meta graph of an export,
+    # which no TPU here writes.)
+    if getattr(export_saved_model_api_version, 'value',
+               export_saved_model_api_version) not in (1, 2):
+      raise ValueError('export_saved_model_api_version should be 1 or 2; '
+                       'got {}.'.format(export_saved_model_api_version))
     _check_arguments(config.tpu_config, params, use_tpu, train_batch_size,
                      eval_batch_size, predict_batch_size, eval_on_tpu,
                      embedding_config_spec)
@@ -891,20 +898,26 @@ class TPUEstimator(object):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
     return self._config.tpu_config.num_shards or 1
 
-  def _check_batch_size_given(self, mode):
-    """TF 2.15's check before input_fn: evaluate and predict on a TPU need
-    their batch size."""
+  def _check_tpu_batch_size(self, mode):
+    """TF 2.15's checks before input_fn: evaluate and predict on a TPU need
+    their batch size, predict's divisible by the shards."""
     names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
              ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
     if mode in names and self._batch_sizes[mode] is None:
       raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
                        'is running on TPU.'.format(*names[mode]))
+    broadcast = (self._config.tpu_config.per_host_input_for_training ==
+                 InputPipelineConfig.BROADCAST)
+    if mode == ModeKeys.PREDICT and not broadcast:  # (one shard predicts here)
+      self._check_batch_divisible(mode, self._num_shards())
 
   def _check_batch_divisible(self, mode, num_shards):
     batch_size = self._batch_sizes[mode]
     if batch_size is not None and batch_size % num_shards:
       raise ValueError('{} batch size {} must be divisible by number of '
-                       'replicas {}'.format(mode, batch_size, num_shards))
+                       'replicas {}'.format(
+                           'predict' if mode == ModeKeys.PREDICT else mode,
+                           batch_size, num_shards))
 
   def _running_on_cpu(self, mode):
     return not self._use_tpu or (mode == ModeKeys.EVAL and
@@ -940,7 +953,7 @@ class TPUEstimator(object):
                        'required by TPUEstimator to pass batch size as '
                        'params["batch_size"]'.format(input_fn))
     if not self._running_on_cpu(mode):
-      self._check_batch_size_given(mode)
+      self._check_tpu_batch_size(mode)
     kwargs = {'params': self._params_for(mode)}
     self._add_tpu_context(kwargs['params'], mode, call_from_input_fn=True)
     if 'config' in args:
