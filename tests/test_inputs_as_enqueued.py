@@ -40,13 +40,17 @@ def model_fn(features, labels, mode, params):
           for i in range(towers)]
   net = tf.add_n(nets)
   loss = tf.reduce_sum(net) * 0
-  train_op = None
-  if mode == tpu_fc.ModeKeys.TRAIN:
-    train_op = tf.compat.v1.tpu.CrossShardOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(0.0)).minimize(
-            loss, tf.compat.v1.train.get_global_step())
-  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op,
-                                 predictions={'net': net})
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op_of(
+      mode, loss), predictions={'net': net})
+
+
+def train_op_of(mode, loss):
+  """In TRAIN, a step that moves no variable (learning rate 0); else None."""
+  if mode != tpu_fc.ModeKeys.TRAIN:
+    return None
+  return tf.compat.v1.tpu.CrossShardOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.0)).minimize(
+          loss, tf.compat.v1.train.get_global_step())
 
 
 def estimator(model_dir, col, **params):
@@ -120,12 +124,8 @@ def test_a_dense_sequences_padding_is_not_counted_in_its_length(tmp_path):
     sequences, seen[mode] = tf.keras.experimental.SequenceFeatures([col])(
         features)
     loss = tf.reduce_sum(sequences) * 0
-    train_op = None
-    if mode == tpu_fc.ModeKeys.TRAIN:
-      train_op = tf.compat.v1.tpu.CrossShardOptimizer(
-          tf.compat.v1.train.GradientDescentOptimizer(0.0)).minimize(
-              loss, tf.compat.v1.train.get_global_step())
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op,
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss,
+                                   train_op=train_op_of(mode, loss),
                                    eval_metrics=(
         lambda lengths: {'lengths': tf.compat.v1.metrics.mean(
             tf.cast(lengths, tf.float32))}, [seen[mode]]))
