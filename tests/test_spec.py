@@ -421,8 +421,9 @@ def test_tf_2_15_configs_accepted():
                 optimization_parameters=tf_legacy.AdamParameters(0.2)),
             't0': tf_legacy.TableConfig(5, 2, learning_rate=0.7)}
   THEIRS.spec(feature_to_config_dict=features, table_to_config_dict=tables)
-  spec = tpu_fc.EmbeddingConfigSpec(feature_to_config_dict=features,
-                                    table_to_config_dict=tables)
+  spec = tpu_fc.EmbeddingConfigSpec(  # (t0 takes the spec's optimizer)
+      feature_to_config_dict=features, table_to_config_dict=tables,
+      optimization_parameters=tpu_fc.AdagradParameters(0.1))
   layout = spec.embedding_layout()
   assert [t.name for t in layout.tables] == ['t0', 't1']
   t0, t1 = layout.tables
