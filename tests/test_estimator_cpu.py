@@ -550,18 +550,22 @@ def test_constructor_errors(kwargs, error, message, tmp_path):
   assert message in str(info.value)
 
 
+@pytest.mark.parametrize('use_tpu', [True, False])
 @pytest.mark.parametrize('user_setting', [None, 'ON'])
-def test_table_copy_rewrite_is_off_unless_the_user_set_it(user_setting):
-  """Grappler's arithmetic optimizer copies whole tables per step (see config)."""
+def test_table_copy_rewrite_is_off_on_the_tpu_unless_the_user_set_it(
+    user_setting, use_tpu):
+  """Grappler's arithmetic optimizer copies whole tables per step (see config);
+  with use_tpu=False TF's session defaults stand (TF 2.15's numbers)."""
   session_config = None
   if user_setting:
     session_config = tf.compat.v1.ConfigProto(log_device_placement=True)
     session_config.graph_options.rewrite_options.arithmetic_optimization = (
         session_config.graph_options.rewrite_options.ON)
   est = TPUEstimator(_model_fn, config=RunConfig(session_config=session_config),
-                     use_tpu=False)
+                     use_tpu=use_tpu, train_batch_size=8)
   rewrite_options = est.config.session_config.graph_options.rewrite_options
-  expected = rewrite_options.ON if user_setting else rewrite_options.OFF
+  expected = {None: rewrite_options.OFF if use_tpu else rewrite_options.DEFAULT,
+              'ON': rewrite_options.ON}[user_setting]
   assert rewrite_options.arithmetic_optimization == expected
   assert est.config.session_config.log_device_placement == bool(user_setting)
   if session_config is not None:  # the user's object is not changed

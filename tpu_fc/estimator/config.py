@@ -628,7 +628,8 @@ def without_table_copy_rewrite(session_config):
   Its SimplifyEmbeddingLookup stage turns every gather-then-segment lookup into a
   dense read of the table, which copies the whole table each step once the table
   has had a sparse update (PERFORMANCE_NOTES: half the step time on Criteo-like
-  models).  Values are unchanged; a user's explicit setting is kept.
+  models).  Its other stages reorder dense arithmetic, so values may differ in
+  the last bits; a user's explicit setting is kept.
   """
   result = tf.compat.v1.ConfigProto()
   result.CopyFrom(session_config)

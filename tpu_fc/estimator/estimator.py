@@ -399,7 +399,7 @@ class TPUEstimator(object):
     # model_fn sees has log_step_count_steps=None.
     self._log_step_count_steps = config.log_step_count_steps
     self._config = self._finalize_config(
-        config.replace(log_step_count_steps=None), model_dir)
+        config.replace(log_step_count_steps=None), model_dir, use_tpu)
     self._model_dir = self._config.model_dir
     tf.compat.v1.logging.info('Using config: %s', self._config)
     self._model_fn = model_fn
@@ -437,10 +437,17 @@ class TPUEstimator(object):
     self._embedding_config_spec = embedding_config_spec
 
   @staticmethod
-  def _finalize_config(config, model_dir):
-    """Estimator's defaults: session config, and model_dir (else a temp dir)."""
-    config = config.replace(session_config=without_table_copy_rewrite(
-        config.session_config or default_session_config()))
+  def _finalize_config(config, model_dir, use_tpu):
+    """Estimator's defaults: session config, and model_dir (else a temp dir).
+
+    The emulated TPU turns Grappler's table-copying rewrite off; with
+    `use_tpu=False` TF's graph runs with TF's session defaults, so its numbers
+    are TF 2.15's to the bit (the rewrite also reorders dense arithmetic).
+    """
+    session_config = config.session_config or default_session_config()
+    config = config.replace(session_config=(
+        without_table_copy_rewrite(session_config) if use_tpu else
+        session_config))
     model_dir = path_to_str(model_dir)
     if model_dir is not None and config.model_dir not in (None, model_dir):
       raise ValueError(
