@@ -385,13 +385,14 @@ _SEGMENT_OUT_OF_RANGE = re.compile(
 def _as_tf215_reports(reason):
   """The texts TF 2.15 may give for what tpu_fc's CPU path reports as `reason`.
 
-  TF 2.15's Grappler arithmetic rewrite turns each lookup into a read of the
-  whole table, so an out-of-range id is reported by the gather or by that
-  SparseSegmentMean, whichever op fails first; tpu_fc turns the rewrite off (it
-  copies every table every step), so the gather reports it.
+  Grappler's arithmetic rewrite (on in both: TF's session defaults) turns each
+  lookup into a read of the whole table, so an out-of-range id is reported by
+  the gather or by that SparseSegmentMean, whichever op fails first.
   """
-  return {reason, _GATHER_OUT_OF_RANGE.sub(
-      r'Bad: indices[\1] == \2 out of range [0, \3)', reason)}
+  gather = _SEGMENT_OUT_OF_RANGE.sub(r'indices[\1] = \2 is not in [0, \3)',
+                                     reason)
+  return {gather, _GATHER_OUT_OF_RANGE.sub(
+      r'Bad: indices[\1] == \2 out of range [0, \3)', gather)}
 
 
 def _reason(message):
