@@ -604,6 +604,15 @@ def test_configs_of_the_wrong_kind_are_named(tmp_path, make_bad, fragments):
                  (TypeError, ValueError), fragments)
 
 
+def test_a_numeric_column_in_the_spec_gets_tfs_error_on_the_tpu(tmp_path):
+  columns = make_columns('embedding_core') + [fc.numeric_column('x')]
+  _assert_raised(outcome(_train_one_step_on_tpu, tmp_path, spec=(
+      tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))),
+                 TypeError, ['Unsupported feature column', 'NumericColumn'])
+
+
 def _predict_on_shards(module, spec_cls, parameters_cls, model_dir, **kwargs):
   columns = make_columns('embedding_core')
   estimator = module.TPUEstimator(

@@ -140,3 +140,39 @@ def test_run_executes_a_legacy_script_unchanged(tmp_path):
   assert result['tables'] == ['tbl_ids_more_shared_embedding', 'tbl_other']
   assert result['mode_train'] == 'train'
   assert result['estimator'].startswith('tpu_fc.')
+
+
+IMPORT_SCRIPT = """
+import tpu_fc
+tpu_fc.install()
+import tensorflow as tf
+from tensorflow.estimator.experimental import stop_if_no_decrease_hook
+from tensorflow.compat.v1.estimator.tpu import TPUEstimator
+from tensorflow.compat.v1.estimator.tpu.experimental import EmbeddingConfigSpec
+import tensorflow.estimator.export as export
+from tpu_fc.estimator import early_stopping
+assert stop_if_no_decrease_hook.__wrapped__ is (
+    early_stopping.stop_if_no_decrease_hook)
+assert TPUEstimator is tpu_fc.TPUEstimator
+assert EmbeddingConfigSpec is tpu_fc.EmbeddingConfigSpec
+assert export.ServingInputReceiver is tpu_fc.export.ServingInputReceiver
+# The imports left the bound names alone.
+assert tf.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
+assert tf.compat.v1.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
+tpu_fc.uninstall()
+import sys
+assert 'tensorflow.estimator.experimental' not in sys.modules or (
+    sys.modules['tensorflow.estimator.experimental'].__name__ !=
+    'tensorflow.estimator.experimental')
+print('imports ok')
+"""
+
+
+def test_imports_by_path_get_the_installed_names():
+  """`from tensorflow.estimator.experimental import ...` (a path import loads
+  TF's module and binds it over the installed namespace, or on TF >= 2.16
+  finds no module at all)."""
+  finished = subprocess.run([sys.executable, '-c', IMPORT_SCRIPT],
+                            capture_output=True, text=True, timeout=300)
+  assert finished.returncode == 0, finished.stderr[-3000:]
+  assert 'imports ok' in finished.stdout

@@ -135,3 +135,27 @@ def test_numpy_features_train_as_tensors(tmp_path):
   tpu = estimator(tmp_path)
   tpu.train(input_fn, max_steps=1)
   assert tpu.get_variable_value('global_step') == 1
+
+
+class StepsSeen(tf.compat.v1.train.SessionRunHook):
+  """The global step a hook fetches in each run, as TF's hooks fetch it."""
+
+  def __init__(self):
+    self.seen = []
+
+  def begin(self):
+    self._step = tf.compat.v1.train.get_global_step()
+
+  def before_run(self, run_context):
+    return tf.compat.v1.train.SessionRunArgs(self._step)
+
+  def after_run(self, run_context, run_values):
+    self.seen.append(run_values.results)
+
+
+def test_a_hook_fetches_the_step_before_each_loop(tmp_path):
+  """Never a step inside the in-graph loop (it ran 10 steps per run)."""
+  hook = StepsSeen()
+  estimator(tmp_path, iterations_per_loop=10).train(
+      harness.input_fn_of('sparse'), max_steps=200, hooks=[hook])
+  assert hook.seen == list(range(0, 200, 10))

@@ -47,6 +47,11 @@ getfullargspec = tf_inspect.getfullargspec
 # The `global_step + 0` read hooks fetch; Estimator creates it right after the
 # global step, before input_fn, so op ids (and seeded initializers) match.
 get_or_create_global_step_read = training_util._get_or_create_global_step_read
+
+
+def fetched_read(variable):
+  """The op `session.run(variable)` runs: the read made with the variable."""
+  return variable._as_graph_element()  # pylint: disable=protected-access
 # Estimator's evaluation loop, its steps hook and its eval-step counter.
 evaluate_once = evaluation._evaluate_once
 StopAfterNEvalsHook = evaluation._StopAfterNEvalsHook

@@ -44,8 +44,15 @@ _SESSION_RUN_HOOK_NAMES = (
 
 # (owner, attribute, had it, original value), in binding order.
 _bindings = []
-# Modules put into sys.modules by install().
+# (name, the module it replaced or None) of what install() put into sys.modules.
 _inserted_modules = []
+# The import paths of the `estimator` namespaces of `tf`, `tf.compat.v1` and
+# `tf.compat.v2`, by the attribute path from the API module.
+_ESTIMATOR_IMPORT_PREFIXES = (('', 'tensorflow'), ('compat.v1',
+                                                  'tensorflow.compat.v1'),
+                              ('compat.v2', 'tensorflow.compat.v2'))
+_ESTIMATOR_SUBMODULES = ('', 'tpu', 'tpu.experimental', 'experimental',
+                         'export')
 
 
 class _Namespace(types.ModuleType):
@@ -224,13 +231,29 @@ def install():
   for module in _mid_level_modules():
     for name, cls in classes.items():
       _bind(module, name, cls)
+  for attribute_path, prefix in _ESTIMATOR_IMPORT_PREFIXES:
+    namespace = functools.reduce(getattr, attribute_path.split('.'), tf) if (
+        attribute_path) else tf
+    for submodule in _ESTIMATOR_SUBMODULES:
+      module = functools.reduce(getattr, submodule.split('.'),
+                                namespace.estimator) if submodule else (
+                                    namespace.estimator)
+      _insert_module('.'.join(filter(None, (prefix, 'estimator', submodule))),
+                     module)
   try:
     importlib.import_module(_LEGACY_EMBEDDING_MODULE)
   except ImportError:
     module = _legacy_embedding_module()
     _bind(sys.modules['tensorflow.python.tpu'], 'tpu_embedding', module)
-    sys.modules[_LEGACY_EMBEDDING_MODULE] = module
-    _inserted_modules.append(_LEGACY_EMBEDDING_MODULE)
+    _insert_module(_LEGACY_EMBEDDING_MODULE, module)
+
+
+def _insert_module(name, module):
+  """`sys.modules[name] = module`, undone by `uninstall()`: an import by that
+  path (`from tensorflow.estimator.experimental import ...`) gets tpu_fc's
+  namespace, not TF's module (which the import would bind over tpu_fc's)."""
+  _inserted_modules.append((name, sys.modules.get(name)))
+  sys.modules[name] = module
 
 
 def uninstall():
@@ -242,7 +265,11 @@ def uninstall():
     else:
       delattr(owner, name)
   while _inserted_modules:
-    del sys.modules[_inserted_modules.pop()]
+    name, replaced = _inserted_modules.pop()
+    if replaced is None:
+      del sys.modules[name]
+    else:
+      sys.modules[name] = replaced
 
 
 def is_installed():

@@ -426,7 +426,13 @@ def training_loop(build_step, next_batch, iterations):
     with tf.control_dependencies([spec.train_op] + host_calls):
       return [step + 1, tf.identity(tf.cast(spec.loss, tf.float32))]
 
-  with _building_loop_body(graph) as loop_body:
+  # A hook's global step, fetched in the loop's run, is the step before the
+  # loop (on a TPU the loop is one program), never a step inside it.
+  global_step = tf.compat.v1.train.get_global_step(graph)
+  step_reads = [internals.fetched_read(global_step),
+                internals.get_or_create_global_step_read(graph)]
+  with _building_loop_body(graph) as loop_body, \
+      tf.control_dependencies(step_reads):
     _, loss = tf.compat.v1.while_loop(
         condition, body, [tf.constant(0), tf.constant(0.)],
         maximum_iterations=iterations, name='training_loop')

@@ -54,8 +54,8 @@ _LOGGED_UNTRANSFORMED = set()
 def _log_untransformed_ids(columns):
   """Says, once per column, that the TPU does not apply a column's vocabulary
   or hash to integer ids (a string column's ids fail the step, saying so)."""
-  for column in columns:
-    categorical = column.categorical_column
+  for column in columns:  # (another kind of column is refused with TF's error)
+    categorical = getattr(column, 'categorical_column', None)
     while hasattr(categorical, 'categorical_column'):  # weighted, sequence
       categorical = categorical.categorical_column
     dtype = getattr(categorical, 'dtype', None)  # vocabulary and hash columns
