@@ -136,3 +136,95 @@ def test_params_context_describes_the_emulated_system(tmp_path):
                               tpu_config=tpu_fc.TPUConfig(num_shards=4)))
   estimator.train(sharded_input_fn, max_steps=1)
   assert seen == {'input': ((0, 1, 4), 1, 0), 'model': 4}
+
+
+# Each TPU core runs the whole model_fn with its own copy of the variables.
+# Shard 0's features are x = 1, shard 1's x = 3 (2 shards, batch 8).
+CORE_X = np.array([[1.0]] * 4 + [[3.0]] * 4, np.float32)
+
+
+def core_input_fn(params):
+  dataset = tf.data.Dataset.from_tensor_slices(({'x': CORE_X},
+                                                np.ones((8, 1), np.float32)))
+  return dataset.repeat().batch(params['batch_size'], drop_remainder=True)
+
+
+def _replicated(tmp_path, model_fn, steps=1):
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, use_tpu=True, train_batch_size=8, eval_batch_size=8,
+      predict_batch_size=8, config=tpu_fc.RunConfig(
+          model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+              iterations_per_loop=1, num_shards=2)))
+  estimator.train(core_input_fn, max_steps=steps)
+  return estimator
+
+
+def _spec(mode, loss, train_op=None, update_ops=(), **kwargs):
+  if mode == tpu_fc.ModeKeys.TRAIN:
+    with tf.control_dependencies(update_ops):  # (TF1's batch norm pattern)
+      train_op = tf.compat.v1.tpu.CrossShardOptimizer(
+          tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(
+              loss, tf.compat.v1.train.get_global_step())
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op, **kwargs)
+
+
+def test_every_shard_has_its_layers_regularization_loss(tmp_path):
+  """l2(1.0) on a kernel of ones: each core's gradient is 2, their mean 2, so
+  one SGD(0.1) step leaves 0.8 (not 0.9: the penalty of one shard only)."""
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    tf.compat.v1.layers.dense(
+        features['x'], 1, use_bias=False,
+        kernel_initializer=tf.compat.v1.ones_initializer(),
+        kernel_regularizer=tf.keras.regularizers.l2(1.0))
+    return _spec(mode, tf.compat.v1.losses.get_regularization_loss())
+
+  estimator = _replicated(tmp_path, model_fn)
+  np.testing.assert_allclose(estimator.get_variable_value('dense/kernel'),
+                             [[0.8]], rtol=1e-6)
+  assert estimator.evaluate(core_input_fn, steps=1)['loss'] == pytest.approx(
+      0.8 ** 2)  # shard 0's loss holds the penalty too
+
+
+def test_batch_norm_statistics_are_core_0s(tmp_path):
+  """Each core updates its own moving mean from its batch (momentum 0.9, from
+  0): core 0's, 0.1 * 1, is what the checkpoint holds (core 1's would be 0.3,
+  both applied to one variable 0.4)."""
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    normalized = tf.compat.v1.layers.batch_normalization(
+        features['x'], momentum=0.9, training=mode == tpu_fc.ModeKeys.TRAIN,
+        name='bn')
+    return _spec(mode, tf.reduce_mean(normalized), update_ops=(
+        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)))
+
+  estimator = _replicated(tmp_path, model_fn)
+  np.testing.assert_allclose(estimator.get_variable_value('bn/moving_mean'),
+                             [0.1], rtol=1e-6)
+  assert not any('core_copy' in name
+                 for name in estimator.get_variable_names())
+
+
+def test_partitioned_variables_are_whole_as_on_a_tpu(tmp_path, tf_log):
+  """TF's TPU replication drops a partitioner (with its warning): the
+  checkpoint holds whole variables, which predict's CPU graph, partitioned
+  again, restores."""
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    with tf.compat.v1.variable_scope(
+        'dnn', partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+      out = tf.compat.v1.layers.dense(
+          features['x'], 2, kernel_initializer=tf.compat.v1.ones_initializer())
+    return _spec(mode, tf.reduce_mean(out), predictions={'out': out})
+
+  estimator = _replicated(tmp_path, model_fn)
+  saved = dict(tf.train.list_variables(estimator.latest_checkpoint()))
+  assert saved['dnn/dense/kernel'] == [1, 2] and not any(
+      'part_' in name for name in saved)
+  assert any(line.startswith('Partitioned variables are not supported on TPU')
+             for line in tf_log)
+  kernel = estimator.get_variable_value('dnn/dense/kernel')
+  bias = estimator.get_variable_value('dnn/dense/bias')
+  predicted = [p['out'] for p in estimator.predict(
+      lambda params: core_input_fn(params).take(1))]
+  np.testing.assert_allclose(predicted, CORE_X @ kernel + bias, rtol=1e-6)

@@ -15,6 +15,11 @@ a TPU, `replicate()` builds the model_fn once per shard in one graph:
   contribute their gradients (and, through the engine, their embedding gradients);
 * per-replica graph collections (losses, update ops, summaries) keep shard 0's
   entries only, so e.g. `get_regularization_loss()` is not counted once per shard;
+  while a shard is built they hold its own, as each core's model_fn has them
+  (`tf.compat.v1.layers` regularize every shard's weights);
+* an ON_READ variable (batch norm's moving statistics) is each core's own: the
+  other shards update local copies, the checkpoint holds shard 0's;
+* a partitioner is dropped, with TF's warning, as TF's TPU replication does;
 * a table's row gradients (`tpu_tensor_core` columns' gathers) stay rows through
   `CrossShardOptimizer` when its optimizer leaves a row without gradient as it is
   (SGD, Adagrad): the TPU's dense sum updates such a table to the same values
@@ -43,21 +48,25 @@ class _SharedVariables:
   """Variable creator: the first shard creates, the others replay in order."""
 
   def __init__(self):
-    self._created = []
+    self.created = []
     self._replay = None
+    self.shard = 0  # the shard being built
 
   def creator(self, next_creator, **kwargs):
     if self._replay is None:
       variable = next_creator(**kwargs)
-      self._created.append(variable)
-      return variable
-    if self._replay >= len(self._created):
+      self.created.append(variable)
+    elif self._replay >= len(self.created):
       raise ValueError(
           'model_fn created more variables on one TPU shard than on another '
           '(variable {!r}); it must build the same model on every shard.'.format(
               kwargs.get('name')))
-    variable = self._created[self._replay]
-    self._replay += 1
+    else:
+      variable = self.created[self._replay]
+      self._replay += 1
+    if (self.shard != 0 and
+        kwargs.get('synchronization') == tf.VariableSynchronization.ON_READ):
+      return _core_copy(next_creator, variable, kwargs)
     return variable
 
   def start_replay(self, shared_table_creators=()):
@@ -69,6 +78,22 @@ class _SharedVariables:
     self._replay = 0
     for creator in shared_table_creators:
       internals.forget_shared_table(creator, tf.compat.v1.get_default_graph())
+
+
+def _core_copy(next_creator, variable, kwargs):
+  """A core's own copy of an ON_READ `variable` (batch norm's moving statistics).
+
+  On a TPU each core updates its copy of such a variable with its own batch
+  (its update ops run with its step) and the checkpoint holds core 0's: the
+  shard-0 variable.  Another shard's copy is a local variable, set to the
+  variable's value whenever a session starts (after a restore), so that
+  shard's updates never reach what core 0 holds.
+  """
+  with tf.init_scope():
+    return next_creator(**dict(
+        kwargs, initial_value=variable.read_value, trainable=False,
+        collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+        name=variable.op.name + '_core_copy'))
 
 
 class _CrossShardSums:
@@ -175,13 +200,28 @@ def _collections_of(graph, shard, first_built):
 
 @contextlib.contextmanager
 def _variable_store(variables, replay, shared_table_creators):
-  """The first shard uses the graph's variable store; replays get a fresh one."""
+  """The first shard uses the graph's variable store; replays get a fresh one.
+
+  While a shard replays, the variables it gets back are out of the graph's
+  global variables: `tf.compat.v1.layers` add a weight's regularization loss
+  only for a variable new to them, and on a TPU every core's loss has it.
+  """
   if not replay:
     yield
     return
   variables.start_replay(shared_table_creators)
-  with internals.with_variable_store(internals.new_variable_store()):
-    yield
+  global_variables = tf.compat.v1.get_default_graph().get_collection_ref(
+      tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+  listed = list(global_variables)
+  replayed = {id(variable) for variable in variables.created}
+  global_variables[:] = [v for v in listed if id(v) not in replayed]
+  try:
+    with internals.with_variable_store(internals.new_variable_store()):
+      yield
+  finally:
+    known = {id(variable) for variable in listed}
+    global_variables[:] = listed + [v for v in global_variables
+                                    if id(v) not in known]
 
 
 @contextlib.contextmanager
@@ -196,6 +236,31 @@ def _creator_scope_on_every_graph(graph, creator):
       stack.enter_context(internals.variable_creator_scope_of(graph, creator))
       graph = getattr(graph, 'outer_graph', None)
     yield
+
+
+@contextlib.contextmanager
+def _unpartitioned_variables():
+  """As TF's TPU replication (`tpu.split_compile_and_replicate`): a variable
+  asked for with a partitioner is made whole, with TF's warning."""
+  scope = tf.compat.v1.get_variable_scope()
+  outer_getter = scope.custom_getter
+
+  def unpartitioned(getter, name, *args, **kwargs):
+    if kwargs.get('partitioner') is not None:
+      tf.compat.v1.logging.warning(
+          'Partitioned variables are not supported on TPU. Got '
+          '`partitioner` that is %s for variable %s. '
+          'Setting `partitioner` to `None`.', kwargs['partitioner'], name)
+      kwargs['partitioner'] = None
+    if outer_getter is None:
+      return getter(name, *args, **kwargs)
+    return outer_getter(getter, name, *args, **kwargs)
+
+  scope.set_custom_getter(unpartitioned)
+  try:
+    yield
+  finally:
+    scope.set_custom_getter(outer_getter)
 
 
 def _sum_over_one_replica(x, group_assignment=None, name=None):
@@ -236,9 +301,10 @@ def replicate(build_shard, num_shards, shared_table_creators=()):
       _replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
       _replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
                 _apply_gradients_summing_rows(sums.rows)), \
-      _creator_scope_on_every_graph(graph, variables.creator):
+      _creator_scope_on_every_graph(graph, variables.creator), \
+      _unpartitioned_variables():
     for position, shard in enumerate(reversed(range(num_shards))):
-      sums.shard = shard
+      sums.shard = variables.shard = shard
       with _collections_of(graph, shard, first_built=position == 0), \
           _variable_store(variables, position > 0, shared_table_creators):
         results[shard] = build_shard(shard)
