@@ -354,7 +354,9 @@ def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
 
   Predict looks up on the CPU on every path, so it reports as use_tpu=False;
   the inference lookup's segment reduction (evaluate and predict on the CPU)
-  says it in its own words, training's gather in TF's.
+  says it in its own words, training's gather in TF's, or, where Grappler's
+  arithmetic rewrite (TF's session default with use_tpu=False) has the
+  segment reduction read the whole table and it fails first, in its words.
   """
   estimator = make_estimator(tmp_path, path)
   with pytest.raises(tf.errors.InvalidArgumentError) as raised:
@@ -365,15 +367,27 @@ def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
     first, reason, node = message.splitlines()
     assert first.startswith(tuple(
         OUT_OF_RANGE_START['cpu'].format(i) for i in (7, 9))), message
-    pattern = (_GATHER_OUT_OF_RANGE if mode == 'train' else
-               _SEGMENT_OUT_OF_RANGE)
-    assert pattern.fullmatch(reason), message
+    patterns = ((_GATHER_OUT_OF_RANGE, _SEGMENT_OUT_OF_RANGE)
+                if mode == 'train' else (_SEGMENT_OUT_OF_RANGE,))
+    assert any(pattern.fullmatch(reason) for pattern in patterns), message
     assert node.lstrip().startswith('[[{{node dense_features/'), node
   else:
     assert message == OUT_OF_RANGE_START[path].format('7 9') + (
         ', or hash or clip the ids in input_fn.')
   assert 'Detected at node' not in message, message
   assert raised.value.__cause__ is None and raised.value.__suppress_context__
+
+
+def test_a_training_lookups_segment_reduction_report_is_explained():
+  """TF's text when the rewritten lookup's segment reduction fails first (the
+  race above: seen about once in 25 steps)."""
+  from tpu_fc.estimator import input_errors  # pylint: disable=g-import-not-at-top
+  tf_text = ('Bad: indices[1] == 9 out of range [0, 5)\n\t [[{{node dense_features/'
+             'ids_embedding_1/ids_embedding_weights/embedding_lookup_sparse}}]]')
+  assert input_errors._explanation(tf_text) == (  # pylint: disable=protected-access
+      OUT_OF_RANGE_START['cpu'].format(9) + ' in its identity column (or a '
+      'default_value for such ids), or hash or clip the ids in input_fn.\n' +
+      tf_text)
 
 
 _GATHER_OUT_OF_RANGE = re.compile(

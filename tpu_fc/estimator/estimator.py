@@ -15,7 +15,9 @@ import contextlib
 import copy
 import math
 import os
+import socket
 import tempfile
+import threading
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -339,7 +341,9 @@ def _check_writable(directory, kind='model_dir', output='checkpoint'):
   """Fails before the work, naming `directory`, if its output cannot go there."""
   try:
     tf.io.gfile.makedirs(directory)
-    probe = os.path.join(directory, '.tpu_fc_write_test')
+    # (one probe per process and thread: a cluster's tasks check at once)
+    probe = os.path.join(directory, '.tpu_fc_write_test.{}.{}.{}'.format(
+        socket.gethostname(), os.getpid(), threading.get_ident()))
     with tf.io.gfile.GFile(probe, 'w') as f:
       f.write('')
     tf.io.gfile.remove(probe)

@@ -24,13 +24,15 @@ _FAILED_CHECK = re.compile(
     embedding_core.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
 # TF's gather error in a column's lookup (`<column>_weights/embedding_lookup`,
 # `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), or its
-# segment reduction's (the inference lookup, `columns._inference_lookup`), and
-# the node.
+# segment reduction's (the inference lookup, `columns._inference_lookup`, and
+# a training lookup that Grappler's arithmetic rewrite made read the whole
+# table: `.../embedding_lookup_sparse`), and the node.
 _ID_OUT_OF_RANGE = re.compile(
     r'^(?:indices\[\d+\] = (-?\d+) is not in|'
     r'Bad: indices\[\d+\] == (-?\d+) out of range) \[0, (\d+)\)\n'
     r'\s*\[\[\{\{node (?:[^{}]*/)?([^/{}]+)_weights/'
-    r'(?:embedding_lookup_sparse/)?embedding_lookup\}\}\]\]', re.MULTILINE)
+    r'(?:embedding_lookup_sparse/embedding_lookup|embedding_lookup_sparse|'
+    r'embedding_lookup)\}\}\]\]', re.MULTILINE)
 _EMBEDDING_COLUMN_NAME = re.compile(
     r'^(.+?)(?:_weighted_by_.+)?_(?:shared_)?embedding$')
 
