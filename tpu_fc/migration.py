@@ -46,13 +46,8 @@ _SESSION_RUN_HOOK_NAMES = (
 _bindings = []
 # (name, the module it replaced or None) of what install() put into sys.modules.
 _inserted_modules = []
-# The import paths of the `estimator` namespaces of `tf`, `tf.compat.v1` and
-# `tf.compat.v2`, by the attribute path from the API module.
-_ESTIMATOR_IMPORT_PREFIXES = (('', 'tensorflow'), ('compat.v1',
-                                                  'tensorflow.compat.v1'),
-                              ('compat.v2', 'tensorflow.compat.v2'))
-_ESTIMATOR_SUBMODULES = ('', 'tpu', 'tpu.experimental', 'experimental',
-                         'export')
+# The namespaces under an API module's `estimator` that scripts import by path.
+_ESTIMATOR_SUBMODULES = ('tpu', 'tpu.experimental', 'experimental', 'export')
 
 
 class _Namespace(types.ModuleType):
@@ -231,15 +226,13 @@ def install():
   for module in _mid_level_modules():
     for name, cls in classes.items():
       _bind(module, name, cls)
-  for attribute_path, prefix in _ESTIMATOR_IMPORT_PREFIXES:
-    namespace = functools.reduce(getattr, attribute_path.split('.'), tf) if (
-        attribute_path) else tf
+  for path, api in (('tensorflow', tf), ('tensorflow.compat.v1', tf.compat.v1),
+                    ('tensorflow.compat.v2', tf.compat.v2)):
+    _insert_module(path + '.estimator', api.estimator)
     for submodule in _ESTIMATOR_SUBMODULES:
-      module = functools.reduce(getattr, submodule.split('.'),
-                                namespace.estimator) if submodule else (
-                                    namespace.estimator)
-      _insert_module('.'.join(filter(None, (prefix, 'estimator', submodule))),
-                     module)
+      _insert_module('{}.estimator.{}'.format(path, submodule),
+                     functools.reduce(getattr, submodule.split('.'),
+                                      api.estimator))
   try:
     importlib.import_module(_LEGACY_EMBEDDING_MODULE)
   except ImportError:
