@@ -434,3 +434,12 @@ def tensor_core_shape(column):
   if isinstance(column, _TpuFcColumnMixin):
     return column.tensor_core_shape
   return getattr(column, '_tensor_core_shape', None)
+
+
+def ids_column(column):
+  """The categorical column that gives an embedding column its ids (inside a
+  weighted or sequence one), or None for a column that is no embedding one."""
+  categorical = getattr(column, 'categorical_column', None)
+  while hasattr(categorical, 'categorical_column'):  # weighted, sequence
+    categorical = categorical.categorical_column
+  return categorical

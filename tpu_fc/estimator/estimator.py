@@ -41,6 +41,7 @@ from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.spec import ModeKeys
 from tpu_fc.estimator.spec import to_estimator_spec
 from tpu_fc import build_context
+from tpu_fc import columns as columns_lib
 from tpu_fc.lookup import backends as lookup_backends
 from tpu_fc.lookup import tpu_embedding
 
@@ -149,9 +150,7 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
   if not isinstance(features, dict):
     return
   for column in columns:
-    categorical = column.categorical_column
-    while hasattr(categorical, 'categorical_column'):  # weighted, sequence
-      categorical = categorical.categorical_column
+    categorical = columns_lib.ids_column(column)
     value = features.get(getattr(categorical, 'key', None))
     if (getattr(categorical, 'dtype', None) == tf.string and
         value is not None and value.dtype.is_integer):
@@ -867,8 +866,7 @@ class TPUEstimator(object):
               f, labels, mode, backends, 1, self._batch_sizes[mode]),
           features, self._batch_sizes[mode])
     num_shards = self._num_shards()
-    broadcast = (self._config.tpu_config.per_host_input_for_training ==
-                 InputPipelineConfig.BROADCAST)
+    broadcast = self._broadcasts_input()
     self._check_batch_divisible(mode, 1 if broadcast else num_shards)
     params = self._params_for(mode, use_tpu=True,
                               num_shards=1 if broadcast else num_shards)
@@ -917,10 +915,13 @@ class TPUEstimator(object):
     if mode in names and self._batch_sizes[mode] is None:
       raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
                        'is running on TPU.'.format(*names[mode]))
-    broadcast = (self._config.tpu_config.per_host_input_for_training ==
-                 InputPipelineConfig.BROADCAST)
-    if mode == ModeKeys.PREDICT and not broadcast:  # (one shard predicts here)
-      self._check_batch_divisible(mode, self._num_shards())
+    if mode == ModeKeys.PREDICT and not self._broadcasts_input():
+      self._check_batch_divisible(mode, self._num_shards())  # (one predicts)
+
+  def _broadcasts_input(self):
+    """`InputPipelineConfig.BROADCAST`: every shard gets the whole batch."""
+    return (self._config.tpu_config.per_host_input_for_training ==
+            InputPipelineConfig.BROADCAST)
 
   def _check_batch_divisible(self, mode, num_shards):
     batch_size = self._batch_sizes[mode]

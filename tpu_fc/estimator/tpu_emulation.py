@@ -449,7 +449,7 @@ class LoopIterationsHook(tf.compat.v1.train.SessionRunHook):
   """Feeds each run's loop length: iterations_per_loop, less at the last step.
 
   Stops training once the last step is reached (a global step fetched in the
-  same run as the loop may be read before it, so the hook counts the steps).
+  same run as the loop is the step before it, so the hook counts the steps).
   """
 
   def __init__(self, steps, max_steps):

@@ -55,9 +55,7 @@ def _log_untransformed_ids(columns):
   """Says, once per column, that the TPU does not apply a column's vocabulary
   or hash to integer ids (a string column's ids fail the step, saying so)."""
   for column in columns:  # (another kind of column is refused with TF's error)
-    categorical = getattr(column, 'categorical_column', None)
-    while hasattr(categorical, 'categorical_column'):  # weighted, sequence
-      categorical = categorical.categorical_column
+    categorical = columns_lib.ids_column(column)
     dtype = getattr(categorical, 'dtype', None)  # vocabulary and hash columns
     if (dtype is None or not dtype.is_integer or
         column.name in _LOGGED_UNTRANSFORMED):
