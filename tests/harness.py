@@ -32,6 +32,10 @@ EMBEDDING_OPTIMIZERS = {
     'adagrad': tpu_fc.AdagradParameters(LR, initial_accumulator=0.1),
     'adam': tpu_fc.AdamParameters(LR, beta1=0.8, beta2=0.9, epsilon=0.1),
     'adam_non_lazy': tpu_fc.AdamParameters(LR, lazy_adam=False),
+    # Without gradient accumulation: the cores' sums applied in turn.
+    'adam_per_core': tpu_fc.AdamParameters(LR, beta1=0.8, beta2=0.9,
+                                           epsilon=0.1,
+                                           use_gradient_accumulation=False),
     'ftrl': tpu_fc.FtrlParameters(LR, l1_regularization_strength=0.01,
                                   l2_regularization_strength=0.02),
     'proximal_adagrad': tpu_fc.ProximalAdagradParameters(
@@ -164,7 +168,8 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
 
 
 # The spec's optimizers that have a `tf.tpu.experimental.embedding` twin.
-MID_LEVEL_OPTIMIZERS = ('adagrad', 'adam', 'adam_non_lazy', 'ftrl', 'sgd')
+MID_LEVEL_OPTIMIZERS = ('adagrad', 'adam', 'adam_non_lazy', 'adam_per_core',
+                        'ftrl', 'sgd')
 
 
 def mid_level_embedding(optimizer_name, num_cores, pipelined=False):
@@ -241,7 +246,8 @@ def expected_step(path, optimizer_name, steps=1, num_shards=NUM_SHARDS):
                                 reference.init_slots(params, (VOCAB, DIM)),
                                 gradient_roundings=2)
   for _ in range(steps):
-    if path != 'cpu' and path != 'tensor_core':  # each core's sum in turn
+    if path != 'cpu' and path != 'tensor_core':  # as the optimizer's
+      # use_gradient_accumulation says: one update, or each core's in turn
       want.step(ids, grads, LR, cores=cores, num_cores=num_shards)
     else:  # a model variable: the shards' gradients averaged, one update
       want.step(ids, grads, LR)

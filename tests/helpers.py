@@ -224,9 +224,12 @@ class ReferenceSteps:
 
   def step(self, ids, grads, learning_rate, cores=None, num_cores=1):
     """One step: `apply_sparse_update`, or with `cores` (the core of each id)
-    `apply_update_by_core` on `num_cores` cores.  Returns self."""
+    `apply_update_by_core` on `num_cores` cores (one application with
+    gradient accumulation).  Returns self."""
     ids = np.asarray(ids, np.int64).reshape(-1)
     grads = np.asarray(grads, np.float32)
+    if cores is not None and reference.accumulates(self.params):
+      cores = None  # the cores' gradients are one update
     turns = ([(ids, grads)] if cores is None else
              _turns(ids, grads, cores, num_cores))
     state = self._state()

@@ -4,8 +4,9 @@ the reference oracle (`harness`).
 
 cpu: `use_tpu=False`, the table a model variable trained by the model's
 optimizer; embedding_core: the emulated TPU, the table the engine's, trained by
-the spec's optimizer with the per-core rule; tensor_core: the emulated TPU, the
-table a model variable.  The model's optimizers on the tables of cpu and
+the spec's optimizer with the TPU's rule for several cores (one summed update,
+or each core's in turn without gradient accumulation); tensor_core: the
+emulated TPU, the table a model variable.  The model's optimizers on the tables of cpu and
 tensor_core are those whose sparse update is a reference rule (SGD, Adagrad),
 and which the emulated `CrossShardOptimizer` so applies by rows.
 On the legacy lane the cpu path must also equal TF 2.15's own

@@ -1,12 +1,18 @@
-"""The TPU's per-core update order: ids summed within a core, cores applied in turn.
+"""How a step applies the cores' gradients of a row, per `use_gradient_accumulation`.
+
+On (the default): every core's gradients are summed and applied once, the
+numbers of one core (TF's mid-level correctness tests,
+`tpu_embedding_v2_correctness_*_test.py`, 2 replicas, default optimizers).
+Off: ids summed within a core, the cores' sums applied one after another, the
+core holding the id first (TF 2.15's `tpu_estimator_gradients_test.py`,
+`test_adagrad_opt_embedding_variables_on_tpu`, which sets it False).
 
 Expected values are derived by hand here (Adagrad and Momentum, written out
-step by step in the order the TPU applies the cores), and for every optimizer
-from `tpu_fc.reference.apply_update_by_core`, which applies the one-core rule
-(checked against TF's kernels by tests/test_reference.py) core by core in that
-order, within the float32 error bound of `helpers.ReferenceSteps`.
-The scenario for 2 cores is the one of TF 2.15's TPU test
-(`tpu_estimator_gradients_test.py`, `test_adagrad_opt_embedding_variables_on_tpu`).
+step by step), and for every optimizer from
+`tpu_fc.reference.apply_update_by_core`, which applies the one-core rule
+(checked against TF's kernels by tests/test_reference.py) once or core by core,
+within the float32 error bound of `helpers.ReferenceSteps`; that bound rejects
+the other setting's numbers.
 """
 import numpy as np
 import pytest
@@ -30,9 +36,15 @@ SCENARIOS = {
     # on cores 1, 3: applied 3, 1; id 1 (holder 1) on cores 0, 1: 1, 0.
     4: ([[5, 0], [1], [6], [1], [5], [2], [5, 6], [3]],
         [0.9, 0.3, -0.4, 0.2, 0.7, -0.6, 0.25, 0.5]),
+    # One example a core.  id 3 (holder 3) seen on cores 0, 1, 2, 4, 7:
+    # applied 4, 7, 0, 1, 2; id 5 (holder 5) on cores 1, 5: applied 5, 1.
+    8: ([[3], [5, 3], [3], [7], [0, 3], [5], [6], [3, 1]],
+        [0.4, -0.3, 0.2, 0.6, -0.5, 0.1, 0.8, 0.7]),
 }
 LR = 0.12
-OPTIMIZERS = {
+# Accumulation on: every optimizer, also what only it allows (gradient
+# clipping, non-lazy Adam).
+SUMMED = {
     'sgd': tpu_fc.StochasticGradientDescentParameters(LR),
     'adagrad': tpu_fc.AdagradParameters(LR, initial_accumulator=0.1),
     'adam': tpu_fc.AdamParameters(LR, beta1=0.8, beta2=0.9, epsilon=0.1),
@@ -49,6 +61,15 @@ OPTIMIZERS = {
         LR, clip_gradient_min=-0.6, clip_gradient_max=0.6,
         weight_decay_factor=0.1, clip_weight_min=-0.45, clip_weight_max=0.9),
 }
+# Accumulation off: the same optimizers where the legacy classes allow it.
+PER_CORE = {
+    name: params.replace(use_gradient_accumulation=False)
+    for name, params in SUMMED.items()
+    if name not in ('adam_non_lazy', 'adagrad_clipped_decayed')}
+PER_CORE['adagrad_decayed'] = tpu_fc.AdagradParameters(
+    LR, use_gradient_accumulation=False, weight_decay_factor=0.1,
+    clip_weight_min=-0.45, clip_weight_max=0.9)
+OPTIMIZERS = {'summed': SUMMED, 'per_core': PER_CORE}
 
 
 def occurrences(num_shards):
@@ -100,40 +121,68 @@ def train_one_step(model_dir, optimizer, num_shards):
   return estimator
 
 
-def test_adagrad_by_hand_two_cores(tmp_path):
-  """TF's test: accumulators init + g0² + g1², rows moved by two Adagrad steps."""
-  estimator = train_one_step(tmp_path, OPTIMIZERS['adagrad'], 2)
-  table = estimator.get_variable_value(TABLE)
+def _adagrad_by_hand(in_order):
+  """(table, accumulators) after Adagrad applies each row's gradients in
+  `in_order` ({row: [g, ...]}) one after another, in float64."""
+  table, accumulators = START.copy(), np.full((VOCAB, DIM), 0.1)
+  for row, gradients in in_order.items():
+    for g in gradients:
+      accumulators[row] += g * g
+      table[row] -= LR * g / np.sqrt(accumulators[row])
+  return table, accumulators
+
+
+def _trained(tmp_path, setting, name, num_shards):
+  estimator = train_one_step(tmp_path, OPTIMIZERS[setting][name], num_shards)
+  return estimator.get_variable_value(TABLE), estimator
+
+
+def test_adagrad_by_hand_two_cores_summed(tmp_path):
+  """The default: every core's gradients of a row summed, one update."""
+  table, estimator = _trained(tmp_path, 'summed', 'adagrad', 2)
   accumulators = estimator.get_variable_value(TABLE + '/Adagrad')
-  want_table, want_accumulators = START.copy(), np.full((VOCAB, DIM), 0.1)
+  # id 0: 1.5; id 1: 1.5 + 1.0 + 0.5; id 2: 1.0 + 0.5 + 0.0; id 3: 0.
+  want_table, want_accumulators = _adagrad_by_hand(
+      {0: [1.5], 1: [3.0], 2: [1.5], 3: [0.0]})
+  np.testing.assert_allclose(accumulators[:4, 0], [2.35, 9.1, 2.35, 0.1],
+                             rtol=1e-6)
+  # By hand in float64: the engine's float32 rounds a few times (~1e-7).
+  np.testing.assert_allclose(accumulators, want_accumulators, rtol=1e-6)
+  np.testing.assert_allclose(table, want_table, rtol=1e-6, atol=1e-7)
+
+
+def test_adagrad_by_hand_two_cores_per_core(tmp_path):
+  """TF's test (accumulation off): accumulators init + g0² + g1², rows moved
+  by two Adagrad steps."""
+  table, estimator = _trained(tmp_path, 'per_core', 'adagrad', 2)
+  accumulators = estimator.get_variable_value(TABLE + '/Adagrad')
   # id 0: core 0 only, g = 1.5.  id 3: core 1 only, g = 0.
   # id 1: core 0 sums 1.5 + 1.0, core 1 has 0.5; its holder is core 1.
   # id 2: core 0 has 1.0, core 1 sums 0.5 + 0.0; its holder is core 0.
-  for row, in_order in ((0, [1.5]), (3, [0.0]), (1, [0.5, 2.5]),
-                        (2, [1.0, 0.5])):
-    for g in in_order:
-      want_accumulators[row] += g * g
-      want_table[row] -= LR * g / np.sqrt(want_accumulators[row])
-  # By hand in float64: the engine's float32 rounds a few times (~1e-7).
+  want_table, want_accumulators = _adagrad_by_hand(
+      {0: [1.5], 3: [0.0], 1: [0.5, 2.5], 2: [1.0, 0.5]})
   np.testing.assert_allclose(accumulators[:4, 0], [2.35, 6.6, 1.35, 0.1],
                              rtol=1e-6)
   np.testing.assert_allclose(accumulators, want_accumulators, rtol=1e-6)
   np.testing.assert_allclose(table, want_table, rtol=1e-6, atol=1e-7)
-  # Summing the cores first (one update) gives id 2 the accumulator 2.35.
-  assert abs(accumulators[2, 0] - (0.1 + 1.5 ** 2)) > 0.5
+
+
+def _momentum_by_hand(in_order):
+  """The table after Momentum (μ = 0.9, from zero momenta) applies each row's
+  gradients in `in_order` one after another, in float64."""
+  want = START.copy()
+  for row, gradients in in_order.items():
+    momentum = 0.0
+    for g in gradients:
+      momentum = 0.9 * momentum + g
+      want[row] -= LR * momentum
+  return want
 
 
 def test_momentum_by_hand_four_cores_in_ring_order(tmp_path):
-  estimator = train_one_step(tmp_path, OPTIMIZERS['momentum'], 4)
-  table = estimator.get_variable_value(TABLE)
-  want = START.copy()
-  ring = {0: [0.9], 5: [0.7, 0.25, 0.9], 6: [0.25, -0.4],
-          1: [0.2, 0.3], 2: [-0.6], 3: [0.5]}
-  for row, in_order in ring.items():
-    momentum = 0.0
-    for g in in_order:
-      momentum = 0.9 * momentum + g
-      want[row] -= LR * momentum
+  table, _ = _trained(tmp_path, 'per_core', 'momentum', 4)
+  want = _momentum_by_hand({0: [0.9], 5: [0.7, 0.25, 0.9], 6: [0.25, -0.4],
+                            1: [0.2, 0.3], 2: [-0.6], 3: [0.5]})
   # By hand in float64: the engine's float32 rounds a few times (~1e-7).
   np.testing.assert_allclose(table, want, rtol=1e-6, atol=1e-7)
   # Another order of id 5's cores (holder first, 1 2 3 0 would skip to 2 too;
@@ -142,17 +191,41 @@ def test_momentum_by_hand_four_cores_in_ring_order(tmp_path):
   assert np.all(np.abs(table[5] - wrong) > 1e-3)
 
 
-@pytest.mark.parametrize('num_shards', sorted(SCENARIOS))
-@pytest.mark.parametrize('name', sorted(OPTIMIZERS))
-def test_every_optimizer_applies_cores_in_turn(tmp_path, name, num_shards):
-  optimizer = OPTIMIZERS[name]
-  estimator = train_one_step(tmp_path, optimizer, num_shards)
+@pytest.mark.parametrize('setting', sorted(OPTIMIZERS))
+def test_momentum_by_hand_eight_cores(tmp_path, setting):
+  table, _ = _trained(tmp_path, setting, 'momentum', 8)
+  if setting == 'summed':  # one step of each id's total
+    in_order = {3: [0.4 - 0.3 + 0.2 - 0.5 + 0.7], 5: [-0.3 + 0.1], 7: [0.6],
+                0: [-0.5], 6: [0.8], 1: [0.7]}
+  else:  # id 3: cores 4, 7, 0, 1, 2 (holder 3 saw none); id 5: cores 5, 1
+    in_order = {3: [-0.5, 0.7, 0.4, -0.3, 0.2], 5: [0.1, -0.3], 7: [0.6],
+                0: [-0.5], 6: [0.8], 1: [0.7]}
+  np.testing.assert_allclose(table, _momentum_by_hand(in_order), rtol=1e-6,
+                             atol=1e-7)
+
+
+def _reference_step(optimizer, num_shards):
   ids, cores, gradients = occurrences(num_shards)
   # The sum combiner passes d(loss)/d(activation) = g on exactly.
   want = helpers.ReferenceSteps(
       optimizer, START, reference.init_slots(optimizer, (VOCAB, DIM)))
-  want.step(ids, gradients, LR, cores=cores, num_cores=num_shards)
-  want.assert_matches(
-      estimator.get_variable_value(TABLE),
-      {slot: estimator.get_variable_value('{}/{}'.format(TABLE, suffix))
-       for suffix, slot in optimizer.SLOTS})
+  return want.step(ids, gradients, LR, cores=cores, num_cores=num_shards)
+
+
+@pytest.mark.parametrize('num_shards', [2, 8])
+@pytest.mark.parametrize('setting,name', [
+    (setting, name) for setting in sorted(OPTIMIZERS)
+    for name in sorted(OPTIMIZERS[setting])])
+def test_every_optimizer_on_several_cores(tmp_path, setting, name, num_shards):
+  """The estimator's step is the reference's for the setting; unless the
+  rule is linear in g (SGD), the other setting's numbers are out of bound."""
+  optimizer = OPTIMIZERS[setting][name]
+  table, estimator = _trained(tmp_path, setting, name, num_shards)
+  slots = {slot: estimator.get_variable_value('{}/{}'.format(TABLE, suffix))
+           for suffix, slot in optimizer.SLOTS}
+  _reference_step(optimizer, num_shards).assert_matches(table, slots)
+  other = OPTIMIZERS['per_core' if setting == 'summed' else 'summed'].get(name)
+  if name == 'sgd' or other is None:  # linear, or no other setting
+    return
+  with pytest.raises(AssertionError, match=helpers.BEYOND_BOUND):
+    _reference_step(other, num_shards).assert_matches(table, slots)

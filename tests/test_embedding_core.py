@@ -221,7 +221,7 @@ def simulate(feats, table_of, params_of, num_steps, learning_rate, multiplier,
   """Per step: activations seen, then tables and slots after the update.
 
   The examples split evenly over `num_shards` cores, in order; each table
-  update is the reference's per-core one.  Tables and slots are snapshots of
+  update is the reference's for that many cores (`apply_update_by_core`).  Tables and slots are snapshots of
   `helpers.ReferenceSteps`, with their error bound.
   """
   tables = {}
@@ -649,17 +649,22 @@ def test_clipping_binds():
 # Sharding. ------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize('accumulation', [True, False],
+                         ids=['summed', 'per_core'])
 @pytest.mark.parametrize('optimizer', ['sgd', 'adagrad', 'adam_lazy'])
-def test_two_shards_against_one_shard(optimizer):
-  """Loss = sum over examples: a row seen by one core moves as with one shard;
-  a row seen by both cores too under SGD only (two Adagrad or Adam steps from
-  per-core sums are not one step from their total)."""
+def test_two_shards_against_one_shard(optimizer, accumulation):
+  """Loss = sum over examples: with gradient accumulation (the default) two
+  shards move every row as one shard does; without it a row seen by one core
+  does, a row seen by both cores too under SGD only (two Adagrad or Adam steps
+  from per-core sums are not one step from their total)."""
   feats = [Feat('x', unweighted(SPARSE), 'mean', seed=60),  # id 3: both cores
            Feat('y', RAGGED, 'sqrtn', weighted=True, seed=61)]
   one, _, _ = check([f.column() for f in feats], feats,
                     OPTIMIZERS[optimizer](), num_steps=1, num_shards=1)
-  two, _, table_of = check([f.column() for f in feats], feats,
-                           OPTIMIZERS[optimizer](), num_steps=1, num_shards=2)
+  two, _, table_of = check(
+      [f.column() for f in feats], feats,
+      OPTIMIZERS[optimizer]().replace(use_gradient_accumulation=accumulation),
+      num_steps=1, num_shards=2)
   seen_by_both = 0
   for feat in feats:
     cores_of = {}
@@ -671,9 +676,9 @@ def test_two_shards_against_one_shard(optimizer):
     table = table_of[feat.name]
     got, want = two[0]['tables'][table], one[0]['tables'][table]
     # Engine against engine on values below 2: alike where one core saw the
-    # row, a few roundings (~1e-7) apart where SGD applies two cores' sums.
+    # row, a few roundings (~1e-7) apart where two cores' sums are applied.
     np.testing.assert_allclose(got[single], want[single], rtol=1e-6, atol=1e-6)
-    if optimizer == 'sgd':
+    if accumulation or optimizer == 'sgd':
       np.testing.assert_allclose(got[both], want[both], rtol=1e-6, atol=1e-6)
     else:
       assert np.all(np.abs(got[both] - want[both]).max(axis=1) > 1e-4)

@@ -16,7 +16,7 @@ Every expected value is derived here, independently of the code under test:
   dense ids drop id 0 on the TPU path, sequences zero-padded / truncated at
   `max_sequence_length`), the gradient of every looked-up id by the chain rule;
 * table updates by `tpu_fc.reference` (THE definition of the TPU update rules,
-  per core: `apply_update_by_core`), compared within the float32 error bound of
+  on several cores: `apply_update_by_core`), compared within the float32 error bound of
   `helpers.ReferenceSteps`, CPU model-optimizer updates (use_tpu=False,
   tensor-core columns) by the TF1 optimizer formulas written out here;
 * checkpoint names from LEGACY_SEMANTICS §7.
@@ -196,8 +196,8 @@ class Table:
   def step(self, dacts, lr, multiplier=1.0, tpu=True, num_shards=NS):
     """One TPU embedding update: `dacts` = {feature key: d(loss)/d(activation)}.
 
-    The examples split evenly over `num_shards` cores, whose sums apply in the
-    TPU's per-core order.
+    The examples split evenly over `num_shards` cores, whose gradients apply
+    as the optimizer's `use_gradient_accumulation` says (summed by default).
     """
     ids, cores, grads = [], [], []
     for feat in self.feats:
@@ -581,7 +581,7 @@ def test_num_shards_1_with_a_spec_is_refused(tmp_path):
 
 def test_mean_loss_on_any_number_of_shards(tmp_path):
   """CrossShardOptimizer + mean loss: d(loss)/d(act) = c / global batch on any
-  number of shards; the tables differ only by the TPU's per-core order."""
+  number of shards; with gradient accumulation the tables are alike too."""
   fa = Feat('a', A_SP, combiner='mean')
   fw = Feat('w', B_SP, weights=[1.0, 0.5, 2.0, 1.5, 0.75], combiner='sqrtn')
   fs = Feat('s', S_SP, seq_len=L)
@@ -864,7 +864,7 @@ def test_cross_restore_between_cpu_and_tpu_adagrad(tmp_path, order):
 
   Mean loss, so d(loss)/d(act) = c / B on both; model Adagrad (CPU) and spec
   AdagradParameters (TPU) apply the same rule, so 2 steps = 2 reference steps
-  (the CPU's one update, the TPU's per-core ones).
+  (one update each, the TPU's gradients accumulated over its cores).
   """
   feat = Feat('a', A_SP, combiner='mean')
   init = init_table(16)

@@ -129,28 +129,36 @@ def test_migrated_loop_equals_the_legacy_model(tmp_path, optimizer, cores,
         atol=1e-6, rtol=0, err_msg=slot)
 
 
-def test_two_cores_apply_the_holders_sum_first():
-  """TF's TPU rule, derived by hand: id 2 (held by core 0) gets 1.0 from core
-  0 then 0.5 from core 1 (Adagrad: accumulator 0.1 + 1.0² + 0.5²); id 1 (held
-  by core 1) 2.0 from core 1 only."""
+@pytest.mark.parametrize('accumulation', [True, False],
+                         ids=['summed', 'per_core'])
+def test_two_cores_by_hand(accumulation):
+  """TF's TPU rules, derived by hand.  Accumulation (the default): id 2 gets
+  1.0 + 0.5 in one update (Adagrad: accumulator 0.1 + 1.5²).  Off: 1.0 from
+  core 0 (its holder), then 0.5 from core 1 (accumulator 0.1 + 1.0² + 0.5²).
+  Id 1 (held by core 1) gets 2.0 from core 1 only either way."""
   table = embedding_api.TableConfig(vocabulary_size=3, dim=1, combiner='sum',
                                     initializer=tf.zeros_initializer())
   embedding = tpu_fc.mid_level.TPUEmbedding(
       embedding_api.FeatureConfig(table=table),
-      embedding_api.Adagrad(0.12, initial_accumulator_value=0.1), num_cores=2)
+      embedding_api.Adagrad(0.12, initial_accumulator_value=0.1,
+                            use_gradient_accumulation=accumulation),
+      num_cores=2)
   embedding.enqueue(tf.constant([2, 2, 2, 1], tf.int64))  # cores 0, 0, 1, 1
   embedding.dequeue()
   embedding.apply_gradients(tf.constant([[0.5], [0.5], [0.5], [2.0]]))
-  id2_first = -0.12 * 1.0 / np.sqrt(0.1 + 1.0)
-  want_table = [0.0, -0.12 * 2.0 / np.sqrt(0.1 + 4.0),
-                id2_first - 0.12 * 0.5 / np.sqrt(0.1 + 1.0 + 0.25)]
+  summed = -0.12 * 1.5 / np.sqrt(0.1 + 1.5 ** 2)
+  per_core = (-0.12 * 1.0 / np.sqrt(0.1 + 1.0) -
+              0.12 * 0.5 / np.sqrt(0.1 + 1.0 + 0.25))
+  want_id2, other_id2 = (summed, per_core) if accumulation else (per_core,
+                                                                 summed)
   got = embedding.embedding_tables[table].numpy()[:, 0]
-  np.testing.assert_allclose(got, want_table, rtol=1e-6)
-  # One summed update would give id 2 -0.12 * 1.5 / sqrt(2.35): far outside.
-  assert abs(got[2] - (-0.12 * 1.5 / np.sqrt(2.35))) > 1e-2
+  np.testing.assert_allclose(
+      got, [0.0, -0.12 * 2.0 / np.sqrt(0.1 + 4.0), want_id2], rtol=1e-6)
+  assert abs(got[2] - other_id2) > 1e-2  # the other rule is far outside
   accumulators = embedding._variables['table_0']['accumulators']  # pylint: disable=protected-access
-  np.testing.assert_allclose(accumulators.numpy()[:, 0], [0.1, 4.1, 1.35],
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+      accumulators.numpy()[:, 0],
+      [0.1, 4.1, 0.1 + 1.5 ** 2 if accumulation else 1.35], rtol=1e-6)
 
 
 def _trained(optimizer):
@@ -814,7 +822,7 @@ def test_every_op_of_a_training_step_has_a_gpu_kernel():
   """What can run on a GPU, read from this TF build's kernel registry (there
   is no GPU here): every op of a traced step, but the formatting of a failed
   input check's message, which soft placement puts on the host."""
-  embedding = harness.mid_level_embedding('adam', 2)
+  embedding = harness.mid_level_embedding('adam_per_core', 2)
 
   def step(ids):
     embedding.enqueue({'ids': ids})

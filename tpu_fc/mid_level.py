@@ -6,7 +6,7 @@ This one keeps its constructor, methods, error texts and checkpoint (a child
 `<table>` per table and `<table>/<slot>` per slot, so a checkpoint restores into
 TF's class and back), and trains on the host with the engine of the emulated
 TPUEstimator: the same lookup, the same TPU update rules (`tpu_fc.reference`),
-and with `num_cores` emulated TPU cores the same per-core order of updates.  A
+and with `num_cores` emulated TPU cores the same rule for several cores.  A
 migrated model can so be checked step by step against its legacy form on a
 laptop.
 
@@ -132,8 +132,9 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   creation from a checkpoint read before `build`).
 
   Args as TF's, plus `num_cores`: the TPU cores to emulate (the batch is split
-  over them as `TPUStrategy` would; an id's per-core gradients are applied
-  one core after another, the core holding the id first).  With
+  over them as `TPUStrategy` would; their gradients of a row are summed into
+  one update, or, with the optimizer's `use_gradient_accumulation=False`,
+  applied one core after another, the core holding the id first).  With
   `pipeline_execution_with_tensor_core`, as on a TPU, step N+1 looks up before
   step N's update lands (it is applied right after that lookup); a checkpoint
   save applies a parked update first.

@@ -8,10 +8,8 @@ Step order (each choice and its source):
 
 1. **Duplicate ids are summed** into one gradient per unique row (gradient
    accumulation, `optimization_parameters.proto`: "accumulate them into a
-   temporary array and another to apply them").  This is also done when
-   `use_gradient_accumulation=False`: the device then applies the gradients
-   in an unspecified, less exact way, and summing is the documented CPU
-   emulation (LEGACY_SEMANTICS §4.4).
+   temporary array and another to apply them").  Without accumulation this
+   holds within one core's application (see "Several cores" below).
 2. **Gradient clipping** clamps the summed gradient to
    `[clip_gradient_min, clip_gradient_max]` (None = unbounded); the proto:
    "Limits to which to clip the backward pass gradient before using it for
@@ -35,16 +33,25 @@ Step order (each choice and its source):
    `[clip_weight_min, clip_weight_max]` (proto: "Limits to which to clip the
    weight values after the backward pass"), so it comes last.
 
-**Several cores** (`apply_update_by_core`): on a TPU a table's rows live on its
-cores modulo (`id mod num_cores`).  Within a core the gradients of one id are
-summed; across cores the per-core sums are applied one core after another, each
-a full step 1-5 above: the core holding the id first, then the others in ring
-order (holder + 1, holder + 2, ... modulo num_cores), skipping cores that did
-not see the id.  TF 2.15's TPU test of this (tensorflow_estimator's
-`tpu_estimator_gradients_test.py`, `test_adagrad_opt_embedding_variables_on_tpu`)
-pins the order for 2 cores; the ring order beyond 2 is tpu_fc's assumption.
-Non-lazy Adam's zero-gradient step of the rows no core looked up happens once
-per step, with the first application (no evidence of a decay per core).
+**Several cores** (`apply_update_by_core`), as TF's own TPU tests pin them, one
+rule for each setting of the optimizer's `use_gradient_accumulation`:
+
+* **on** (the default of every legacy `*Parameters` and mid-level optimizer):
+  every core's gradients of a row are accumulated and applied **once**, as one
+  step 1-5 above with the gradient summed over the global batch: the numbers of
+  one core (TF's mid-level correctness tests,
+  `tensorflow/python/tpu/tests/tpu_embedding_v2_correctness_*_test.py`, 2
+  replicas, default optimizers: Adagrad accumulator `init + (Σ g)²`).
+* **off**: a table's rows live on its cores modulo (`id mod num_cores`).  Within
+  a core the gradients of one id are summed; across cores the per-core sums are
+  applied one core after another, each a full step 1-5 above: the core holding
+  the id first, then the others in ring order (holder + 1, holder + 2, ...
+  modulo num_cores), skipping cores that did not see the id.  TF 2.15's TPU
+  test of this (tensorflow_estimator's `tpu_estimator_gradients_test.py`,
+  `test_adagrad_opt_embedding_variables_on_tpu`, built with
+  `use_gradient_accumulation=False`) pins the order for 2 cores; the ring order
+  beyond 2 is tpu_fc's assumption.  (Gradient clipping and non-lazy Adam need
+  accumulation, so neither meets this rule.)
 
 `learning_rate` is an argument, never read from the parameters object: the
 caller resolves `TableConfig.learning_rate` / `learning_rate_fn` first.
@@ -260,12 +267,20 @@ def apply_sparse_update(params, table, slots, ids, grads, learning_rate,
   return table, slots
 
 
+def accumulates(params):
+  """Whether a step applies the cores' gradients of a row as one update
+  (`use_gradient_accumulation`; module docstring, "Several cores")."""
+  return bool(params.use_gradient_accumulation)
+
+
 def apply_update_by_core(params, table, slots, ids, grads, cores, num_cores,
                          learning_rate):
   """One step of a table on `num_cores` cores; `cores[i]` is the core of `ids[i]`.
 
-  Returns `(new_table, new_slots)`: the per-core sums applied in the TPU's core
-  order (module docstring), one `apply_sparse_update` per application.
+  Returns `(new_table, new_slots)`: with gradient accumulation one
+  `apply_sparse_update` of every core's gradients, else the per-core sums
+  applied in the TPU's core order (module docstring), one `apply_sparse_update`
+  per application.
   """
   ids = np.asarray(ids).astype(np.int64).reshape(-1)
   cores = np.asarray(cores).astype(np.int64).reshape(-1)
@@ -273,6 +288,8 @@ def apply_update_by_core(params, table, slots, ids, grads, cores, num_cores,
   if cores.shape != ids.shape or np.any((cores < 0) | (cores >= num_cores)):
     raise ValueError(f'cores must give a core in [0, {num_cores}) per id; got '
                      f'{cores} for ids {ids}.')
+  if accumulates(params):
+    return apply_sparse_update(params, table, slots, ids, grads, learning_rate)
   per_core = collections.defaultdict(dict)  # id -> {core: summed gradient}
   for row, core, g in zip(ids.tolist(), cores.tolist(), grads):
     sums = per_core[row]

@@ -8,10 +8,10 @@ engine applies it to the looked-up rows with the spec's optimizer and the TPU up
 rules (`tpu_fc.reference`, implemented with TF's sparse kernels in `sparse_update`).
 
 Per table and step the engine gathers the rows of all its features' ids in one gather,
-de-duplicates those ids once, sums their gradients per unique id, and applies the TPU's
-per-core order of updates
-(`tpu_fc.reference.apply_update_by_core`): one sparse update per core turn, a single one
-with one shard; no step reads a whole table.
+de-duplicates those ids once, sums their gradients per unique id and applies them as the
+TPU does (`tpu_fc.reference.apply_update_by_core`): with gradient accumulation (the
+default) one sparse update of the whole batch's sums, without it one per core turn in the
+TPU's per-core order; no step reads a whole table.
 
 A table created partitioned (in a parameter-server cluster the driver creates
 every table in row-wise `div` parts, one per ps task) is gathered with
@@ -23,6 +23,7 @@ import numpy as np
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
+from tpu_fc import reference
 from tpu_fc._tf import tf
 from tpu_fc.lookup import sparse_update
 
@@ -744,28 +745,39 @@ class HostEmbeddingEngine:
     for table in self.layout.tables:
       # After this step's gather, also where no gradient depends on it (a
       # feature the loss ignores): the update must not change what was looked up.
+      cores = self._cores_applied_in_turn(table, step.num_shards)
       with tf.control_dependencies([step.gathered[table.name]]):
-        ids, row_gradients, turns = self._summed_gradients(table, step, given)
+        ids, row_gradients, turns = self._summed_gradients(table, step, given,
+                                                           cores)
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(step.read_step),
                                  tf.float32)
       update = _Update(ids, row_gradients,
                        self._learning_rate(table, step.read_step), turns)
       if pipelined:
-        updates.append(self._park(table, update, step))
+        updates.append(self._park(table, update, step, cores))
       else:
-        updates.append(self._apply(table, update, step.num_shards,
-                                   aggregate_rows))
+        updates.append(self._apply(table, update, cores, aggregate_rows))
     return tf.group(*updates, name='tpu_embedding_update')
 
-  def _summed_gradients(self, table, step, given):
+  def _cores_applied_in_turn(self, table, num_shards):
+    """How many cores' gradients a step of `table` applies one after another:
+    1 with gradient accumulation (one update of the whole batch's sums, as TF's
+    mid-level correctness tests pin it), else `num_shards` (the per-core order
+    of TF 2.15's `tpu_estimator_gradients_test.py`, which turns it off)."""
+    if reference.accumulates(self.table_parameters(table)):
+      return 1
+    return num_shards
+
+  def _summed_gradients(self, table, step, given, cores):
     """`(ids, gradients, turns)` of the table's update: per id, or per (id, core).
 
-    With several shards each id gets one entry per core that saw it, its
-    gradients summed within the core, and `turns` places the entries in the
-    TPU's order of application (`tpu_fc.reference.apply_update_by_core`): the
-    holding core `id mod num_shards` first, then the ring (see
-    `sparse_update.apply_in_core_order`).  With one shard `turns` is None.
+    With `cores` > 1 (`_cores_applied_in_turn`) each id gets one entry per core
+    that saw it, its gradients summed within the core, and `turns` places the
+    entries in the TPU's order of application
+    (`tpu_fc.reference.apply_update_by_core`): the holding core `id mod cores`
+    first, then the ring (see `sparse_update.apply_in_core_order`).  With one
+    core `turns` is None.
     """
     lookups = step.lookups[table.name]
     gradients = tf.concat(
@@ -773,7 +785,6 @@ class HostEmbeddingEngine:
         axis=0)
     rows = tf.concat([lookup.rows for lookup in lookups], axis=0)
     unique_ids = step.unique_ids[table.name]
-    cores = step.num_shards
     if cores == 1:
       return unique_ids, tf.math.unsorted_segment_sum(
           gradients, rows, tf.size(unique_ids)), None
@@ -840,7 +851,7 @@ class HostEmbeddingEngine:
                    lambda: tf.cond(one_id_each, lambda: dy, scaled_per_example),
                    through_pooling)
 
-  def _apply(self, table, update, num_shards, aggregate_rows=None):
+  def _apply(self, table, update, cores, aggregate_rows=None):
     """The table's update, part by part on each part's device (one part
     unsplit); see `apply_gradients` for `aggregate_rows`."""
     parameters = self.table_parameters(table)
@@ -853,13 +864,13 @@ class HostEmbeddingEngine:
       if aggregate_rows is None:
         return sparse_update.apply_in_core_order(
             parameters, part, slots, ids, gradients, update.learning_rate,
-            turns, num_shards)
+            turns, cores)
       # The replicas' aggregate sums an id's entries: one application.
       return aggregate_rows(
           part, tf.IndexedSlices(gradients, ids),
           lambda rows: sparse_update.apply_in_core_order(
               parameters, part, slots, rows.indices, rows.values,
-              update.learning_rate, None, num_shards))
+              update.learning_rate, None, cores))
 
     if len(parts) == 1:
       return apply(parts[0], 0, update.ids, update.gradients, update.turns)
@@ -870,34 +881,34 @@ class HostEmbeddingEngine:
         applied.append(apply(part, index, ids, gradients, turns))
     return tf.group(*applied)
 
-  def _pending(self, table, num_shards):
+  def _pending(self, table, cores):
     """The queue holding a table's parked update (pipelined execution), and
     the cores its per-core turns are for."""
     if table.name not in self._queues:
       with tf.init_scope():  # one queue for all steps, also in a training loop
         dtypes = [tf.int64, tf.float32, tf.float32]
-        if num_shards > 1:
+        if cores > 1:
           dtypes.append(tf.int32)
         self._queues[table.name] = (tf.queue.FIFOQueue(
             1, dtypes, name='tpu_embedding_pending_update_' + table.name),
-                                    num_shards)
+                                    cores)
     return self._queues[table.name]
 
   def _apply_parked(self, table):
     """Applies the parked update of `table`, if there is one."""
-    queue, num_shards = self._queues[table.name]
+    queue, cores = self._queues[table.name]
 
     def apply():
       parked = queue.dequeue()
       parked[1].set_shape([None, table.dimension])
       update = _Update(*parked, *[None] * (len(_Update._fields) - len(parked)))
-      with tf.control_dependencies([self._apply(table, update, num_shards)]):
+      with tf.control_dependencies([self._apply(table, update, cores)]):
         return tf.constant(True)
 
     return tf.cond(queue.size() > 0, apply, lambda: tf.constant(False))
 
-  def _park(self, table, update, step):
-    queue, _ = self._pending(table, step.num_shards)
+  def _park(self, table, update, step, cores):
+    queue, _ = self._pending(table, cores)
     with tf.control_dependencies([step.gathered[table.name]]):
       applied = self._apply_parked(table)  # after this step's lookup
     with tf.control_dependencies([applied]):

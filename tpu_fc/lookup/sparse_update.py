@@ -428,7 +428,8 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
 
 def apply_in_core_order(parameters, table_variable, slot_variables, ids,
                         gradients, learning_rate, turns, num_cores):
-  """Builds `tpu_fc.reference.apply_update_by_core` from per-core sums.
+  """Builds `tpu_fc.reference.apply_update_by_core` without gradient
+  accumulation, from per-core sums.
 
   `ids` holds one entry per (id, core that saw it), `gradients` the per-core
   sums, and `turns` (int32) each entry's place in its id's order: 0 for the
