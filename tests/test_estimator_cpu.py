@@ -15,7 +15,7 @@ from tpu_fc.estimator import RunConfig
 from tpu_fc.estimator import TPUConfig
 from tpu_fc.estimator import TPUEstimator
 from tpu_fc.estimator import TPUEstimatorSpec
-from tpu_fc.estimator.spec import to_estimator_spec
+from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 
 pytestmark = pytest.mark.filterwarnings(
     'ignore:`tf.layers.dense` is deprecated')

@@ -77,3 +77,19 @@ def test_backends_know_no_driver():
   imports = _part_imports()
   assert 'tpu_fc.estimator' not in imports['tpu_fc.lookup']
   assert not imports['tpu_fc.build_context']
+
+
+def test_the_estimator_core_knows_no_tpu():
+  """`tpu_fc/estimator/` apart from `tpu/` is the TPU-agnostic Estimator, as
+  tensorflow_estimator laid it out; the TPU layer builds on it (the package's
+  `__init__` only re-exports the public names of both)."""
+  folder = os.path.join(PACKAGE, 'estimator')
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith('.py') or name == '__init__.py':
+      continue
+    with open(os.path.join(folder, name)) as f:
+      tree = ast.parse(f.read())
+    imported = [module for node in ast.walk(tree)
+                for module in _imported(node)]
+    assert not [m for m in imported
+                if m.startswith('tpu_fc.estimator.tpu')], name

@@ -176,7 +176,7 @@ def test_tpu_evaluation_needs_a_tpu_estimator_spec(tmp_path, eval_on_tpu):
     return
   with pytest.raises(RuntimeError, match=(
       'estimator_spec used by TPU evaluation must have type`TPUEstimatorSpec`. '
-      "Got <class 'tpu_fc.estimator.spec.EstimatorSpec'>")):
+      "Got <class 'tpu_fc.estimator.model_fn.EstimatorSpec'>")):
     estimator.evaluate(_dense_input_fn, steps=1)
 
 

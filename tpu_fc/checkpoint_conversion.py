@@ -21,7 +21,6 @@ import sys
 import numpy as np
 
 from tpu_fc import _tf_internals as internals
-from tpu_fc import columns as columns_lib
 from tpu_fc import mid_level as mid_level_lib
 from tpu_fc import migration
 from tpu_fc import naming
@@ -139,27 +138,11 @@ def _table_parameters(spec, table):
       spec.optimization_parameters)
 
 
-_SHARED_COLUMN_TYPES = (columns_lib.SharedEmbeddingColumn,
-                        columns_lib.SharedDeviceSpecificEmbeddingColumn)
-
-
-def _column_table_name(column):
-  """A column's table name below any enclosing scope: a shared collection's name
-  (no layer scope either), else `<column>/embedding_weights` (below the layer's)."""
-  if isinstance(column, _SHARED_COLUMN_TYPES):
-    return column.get_embedding_var_name()
-  return naming.column_table(column.name)
-
-
 def _default_legacy_name(table, layout):
   """The name TPUEstimator gave `table` in a `DenseFeatures` model (no record)."""
   column = layout.features_of(table.name)[0].column
-  if column is None:
-    return table.name
-  name = _column_table_name(column)
-  if isinstance(column, _SHARED_COLUMN_TYPES):
-    return name
-  return 'dense_features/' + name
+  return table.name if column is None else naming.default_legacy_table_name(
+      column)
 
 
 def _name_matches(name, table, layout):
@@ -167,8 +150,7 @@ def _name_matches(name, table, layout):
   column = layout.features_of(table.name)[0].column
   if column is None:
     return name == table.name
-  suffix = _column_table_name(column)
-  return name == suffix or name.endswith('/' + suffix)
+  return naming.is_column_variable(name, column)
 
 
 def _check_table_names(table_names, spec):

@@ -165,7 +165,7 @@ def _for_tpu_fc_estimators(function, original_getter):
   def dispatch(estimator, *args, **kwargs):
     original = original_getter() if original_getter else None
     if original is not None and not isinstance(estimator,
-                                               estimator_lib.TPUEstimator):
+                                               estimator_lib.Estimator):
       return getattr(original, function.__name__)(estimator, *args, **kwargs)
     return function(estimator, *args, **kwargs)
 

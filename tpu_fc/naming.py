@@ -34,6 +34,31 @@ def column_table(column_name):
   return '{}/{}'.format(column_name, COLUMN_TABLE)
 
 
+def column_variable(column):
+  """A TPU column's table variable below any enclosing scope: a shared
+  collection's name (no layer scope either), else `<column>/embedding_weights`
+  (below its layer's scope)."""
+  if getattr(column, 'shared_embedding_column_creator', None) is not None:
+    return column.get_embedding_var_name()
+  return column_table(column.name)
+
+
+def is_column_variable(name, column):
+  """Whether variable `name` (under any enclosing scope) is `column`'s table."""
+  suffix = column_variable(column)
+  return name == suffix or name.endswith('/' + suffix)
+
+
+def default_legacy_table_name(column):
+  """The name TPUEstimator gave a column's table in a model whose
+  `DenseFeatures` layer is at the top (what a checkpoint holds when no graph
+  recorded the column's scope)."""
+  name = column_variable(column)
+  if getattr(column, 'shared_embedding_column_creator', None) is not None:
+    return name
+  return 'dense_features/' + name
+
+
 def engine_table(table_name):
   """The host engine's own variable of a table."""
   return '{}/{}'.format(ENGINE_SCOPE, table_name)
@@ -68,3 +93,12 @@ def recorded_table_names(layout, graph):
       scope, name = scopes[var_name]
       names[table.name] = '{}/{}'.format(scope, name) if scope else name
   return names
+
+
+def forget_recorded_scopes(graph):
+  """Drops the columns' record of their tables' scopes from `graph`, once read.
+
+  It holds a Python dict, which every checkpoint's meta graph would fail to
+  serialize, with a warning per save.
+  """
+  graph.clear_collection(COLUMN_SCOPES)

@@ -20,12 +20,8 @@ import os
 import socket
 
 from tpu_fc import _tf_internals as internals
-from tpu_fc import naming
 from tpu_fc._tf import tf
 
-_NAMES_COLLECTION = 'tpu_fc_checkpoint_names'
-_BEFORE_SAVE_COLLECTION = 'tpu_fc_before_save_ops'
-_INPUT_PIPELINE_COLLECTION = 'tpu_fc_input_pipeline_saveables'
 # Optimizer state that is not a slot of one variable (Adam's power accumulators).
 _NON_SLOT_STATE = ('beta1_power', 'beta2_power')
 
@@ -94,11 +90,6 @@ def exists(prefix):
   """Whether checkpoint `prefix` has its index and data files."""
   return bool(tf.io.gfile.exists(prefix + '.index') and
               tf.io.gfile.glob(prefix + '.data-*'))
-
-
-def record_names(graph, names):
-  """Records the checkpoint name -> variable map the Saver must write."""
-  graph.add_to_collection(_NAMES_COLLECTION, names)
 
 
 def _is_optimizer_state(name, names):
@@ -288,18 +279,24 @@ def remove_cut_short_saves(model_dir):
           'named in the checkpoint state; %s).', prefix, _reason(error))
 
 
-def saver_at_finalize(scaffold, graph, checkpoint_path, config):
+def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
+                      input_pipeline=()):
   """`scaffold`, adding the graph's Saver (unless it has one) when finalized.
 
   As TF's Estimator built its Saver: after the hooks' `begin`, so variables a
   hook creates there (early stopping's `signal_early_stopping/STOP`) are saved
   too.  A checkpoint without them restores the rest and starts them from their
-  initial values (TF's restore failed).  Reads the names the build recorded:
-  call it before `drop_build_records`.
+  initial values (TF's restore failed).
+
+  Args:
+    names: {checkpoint name: variable} of what the model's build named (the
+      emulated TPU's legacy table names), or None: every variable under its
+      own name.  Variables built after it are saved under their own names.
+    input_pipeline: the input position saveables every checkpoint holds
+      (`InputPipelinePosition.saveable`).
   """
-  recorded = graph.get_collection(_NAMES_COLLECTION)
-  recorded_names = recorded[-1] if recorded else {}
-  named = {id(v) for v in _variables_saved_as(recorded_names, recorded_names)}
+  names = names or {}
+  named = {id(v) for v in _variables_saved_as(names, names)}
   built = {id(v) for v in tf.compat.v1.global_variables()}
 
   def add_saver():
@@ -308,15 +305,16 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config):
     variables = tf.compat.v1.global_variables()
     later = internals.op_list_to_dict(
         [v for v in variables if id(v) not in built])
-    if recorded_names:  # and what the model built after the record
-      names = {**recorded_names, **internals.op_list_to_dict(
+    if names:  # and what the model built after naming
+      var_list = {**names, **internals.op_list_to_dict(
           [v for v in variables if id(v) not in named])}
     else:
-      names = internals.op_list_to_dict(variables + tf.compat.v1.get_collection(
-          tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
+      var_list = internals.op_list_to_dict(
+          variables + tf.compat.v1.get_collection(
+              tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS))
     graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
-        names, checkpoint_path, sharded=True,
-        input_pipeline=graph.get_collection(_INPUT_PIPELINE_COLLECTION),
+        var_list, checkpoint_path, sharded=True,
+        input_pipeline=input_pipeline,
         may_start_anew=later, max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
         save_relative_paths=True))
@@ -343,27 +341,8 @@ class _SaverAtFinalize(tf.compat.v1.train.Scaffold):
     return super().finalize()
 
 
-def drop_build_records(graph):
-  """Drops the records of table names made while building the graph.
-
-  They are read once the graph is built (by `add_saver`); they hold Python dicts,
-  which every checkpoint's meta graph would fail to serialize, with a warning per
-  save.
-  """
-  for name in (_NAMES_COLLECTION, naming.COLUMN_SCOPES):
-    graph.clear_collection(name)
-
-
-def run_before_save(graph, build_op):
-  """Registers `build_op()`, whose op every checkpoint save runs first.
-
-  The op is built by the training loop's driver, outside any in-graph loop.
-  """
-  graph.add_to_collection(_BEFORE_SAVE_COLLECTION, build_op)
-
-
 class BeforeSave(tf.compat.v1.train.CheckpointSaverListener):
-  """Runs the registered ops before each save, e.g. to apply parked updates."""
+  """Runs `ops` before each save, e.g. to apply parked table updates."""
 
   def __init__(self, ops):
     self._ops = ops
@@ -373,33 +352,28 @@ class BeforeSave(tf.compat.v1.train.CheckpointSaverListener):
     session.run(self._ops)
 
 
-def before_save_listeners(graph):
-  """The listeners the graph's registered before-save ops need (maybe none)."""
-  ops = [build_op() for build_op in graph.get_collection(_BEFORE_SAVE_COLLECTION)]
+def before_save_listeners(before_save):
+  """The listeners that run the ops of `before_save` (functions building
+  them, called here, outside any in-graph loop) before each save (maybe
+  none)."""
+  ops = [build_op() for build_op in before_save]
   return [BeforeSave(ops)] if ops else []
-
-
-def saves_input_position(graph):
-  """Whether the graph's checkpoints hold an input position (InputPipelinePosition)."""
-  return bool(graph.get_collection(_INPUT_PIPELINE_COLLECTION))
 
 
 class InputPipelinePosition:
   """The position of a training input's iterator, saved in every model checkpoint.
 
-  Built with the TRAIN graph (before its Saver); `restore` runs once the
-  iterator is initialized in a new session, from the checkpoint that session
-  restored.
+  Built with the TRAIN graph, before its Saver, which saves `saveable` with
+  the variables; `restore` runs once the iterator is initialized in a new
+  session, from the checkpoint that session restored.
   """
 
   def __init__(self, iterator, model_dir, external_state_policy=None):
     self._model_dir = model_dir
-    self._saveable = internals.make_saveable_from_iterator(
+    self.saveable = internals.make_saveable_from_iterator(
         iterator, external_state_policy)
-    tf.compat.v1.get_default_graph().add_to_collection(
-        _INPUT_PIPELINE_COLLECTION, self._saveable)
     self._saver = tf.compat.v1.train.Saver(
-        var_list={self._saveable.name: self._saveable}, sharded=True)
+        var_list={self.saveable.name: self.saveable}, sharded=True)
 
   def restore(self, session):
     """Moves the (initialized) iterator to the latest checkpoint's position."""
@@ -407,7 +381,7 @@ class InputPipelinePosition:
     if not checkpoint_path:
       return
     saved = checkpoint_shapes(checkpoint_path)
-    if not all(spec.name in saved for spec in self._saveable.specs):
+    if not all(spec.name in saved for spec in self.saveable.specs):
       tf.compat.v1.logging.warning(
           'Checkpoint %s has no input pipeline position (it was written '
           'without CheckpointInputPipelineHook); the input starts from its '

@@ -107,35 +107,24 @@ def device_fn(config):
 
 
 def _table_initializers(layout):
-  """`{variable name or pattern: initializer}` of the spec's embedding tables.
+  """`initializer_of(variable name)`: a table's initializer if the name is one
+  of the spec's tables, else None.
 
-  Keys: the host engine's tables (`tpu_embedding/<table>`), and the tables the
-  feature columns create on the CPU path, `<column>/embedding_weights` under any
-  scope, or a shared collection's name.
+  Those are the host engine's tables (`tpu_embedding/<table>`), and the tables
+  the feature columns create on the CPU path, under any scope
+  (`naming.is_column_variable`).
   """
   by_name = {naming.engine_table(table.name): table.initializer
              for table in layout.tables}
-  by_column, by_collection = {}, {}
-  for feature in layout.features:
-    column = feature.column
-    if column is None:
-      continue
-    initializer = layout.table(feature.table).initializer
-    var_name = column.get_embedding_var_name()
-    if var_name == column.categorical_column.name:
-      by_column[column.name] = initializer
-    else:
-      by_collection[var_name] = initializer
+  by_column = [(feature.column, layout.table(feature.table).initializer)
+               for feature in layout.features if feature.column is not None]
 
   def initializer_of(name):
-    """The table's initializer if `name` is one of the spec's tables, else None."""
-    parts = name.split('/')
     if name in by_name:
       return by_name[name]
-    if parts[-1] in by_collection:
-      return by_collection[parts[-1]]
-    if parts[-1] == naming.COLUMN_TABLE and len(parts) > 1:
-      return by_column.get(parts[-2])
+    for column, initializer in by_column:
+      if naming.is_column_variable(name, column):
+        return initializer
     return None
 
   return initializer_of

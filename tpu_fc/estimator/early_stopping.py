@@ -15,7 +15,7 @@ import operator
 import os
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator.estimator import TPUEstimator
+from tpu_fc.estimator.estimator import Estimator
 
 _EVENT_FILE_GLOB_PATTERN = 'events.out.tfevents.*'
 
@@ -44,7 +44,7 @@ def make_early_stopping_hook(estimator, should_stop_fn, run_every_secs=60,
 
 
 def _check_estimator(estimator):
-  if not isinstance(estimator, TPUEstimator):
+  if not isinstance(estimator, Estimator):
     raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
                     '(here: tpu_fc.TPUEstimator). Got: {}'.format(
                         type(estimator)))

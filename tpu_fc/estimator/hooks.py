@@ -1,6 +1,5 @@
 """Session hooks the driver adds, as TPUEstimator added them on CPU."""
 from tpu_fc._tf import tf
-from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 
 
@@ -39,9 +38,12 @@ class DatasetInitializerHook(tf.compat.v1.train.SessionRunHook):
     self._position = None
 
   def save_position(self, model_dir, external_state_policy):
-    """Saves the iterator's position in the graph's checkpoints (graph build time)."""
+    """Has the iterator's position saved in the graph's checkpoints (graph
+    build time); returns the `InputPipelinePosition`, whose `saveable` the
+    Saver must save."""
     self._position = checkpoints.InputPipelinePosition(
         self._iterator, model_dir, external_state_policy)
+    return self._position
 
   def begin(self):
     self._initializer = self._iterator.initializer
@@ -78,37 +80,3 @@ class ExamplesPerSecondHook(tf.compat.v1.train.StepCounterHook):
                   tag='examples/sec', simple_value=examples_per_sec)
           ]), global_step)
     tf.compat.v1.logging.info('examples/sec: %g', examples_per_sec)
-
-
-class HostCallHook(tf.compat.v1.train.SessionRunHook):
-  """Runs a spec's `host_call` outputs every step (use_tpu=False).
-
-  Initializes the graph's `tf.summary.create_file_writer` writers once the
-  session exists and flushes them at the end, so host_call summaries land in
-  their log directories.
-  """
-
-  def __init__(self, tensors):
-    self.tensors = tensors
-    self._init_ops = None
-    self._flush_ops = None
-
-  def begin(self):
-    self._init_ops = internals.summary_writer_initializer_ops()
-    with tf.device('cpu:0'):
-      self._flush_ops = [
-          tf.raw_ops.FlushSummaryWriter(writer=op.inputs[0])
-          for op in self._init_ops
-      ]
-
-  def after_create_session(self, session, coord):
-    del coord
-    session.run(self._init_ops)
-
-  def before_run(self, run_context):
-    if self.tensors is None:  # run inside an in-graph training loop instead
-      return None
-    return tf.compat.v1.train.SessionRunArgs(self.tensors)
-
-  def end(self, session):
-    session.run(self._flush_ops)

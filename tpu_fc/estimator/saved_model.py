@@ -11,7 +11,7 @@ import os
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
-from tpu_fc.estimator.spec import ModeKeys
+from tpu_fc.estimator.model_fn import ModeKeys
 
 
 def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn,

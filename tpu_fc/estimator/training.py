@@ -25,16 +25,16 @@ import os
 import time
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator import config as config_lib
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import exporters as exporter_lib
-from tpu_fc.estimator.estimator import TPUEstimator
+from tpu_fc.estimator import run_config
+from tpu_fc.estimator.estimator import Estimator
 
 _MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
 _ERROR_LOG_INTERVAL_SECS = 600
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
-_TRAINER_JOBS = (config_lib.CHIEF, config_lib.MASTER, config_lib.WORKER)
+_TRAINER_JOBS = (run_config.CHIEF, run_config.MASTER, run_config.WORKER)
 _TENSORFLOW_ESTIMATOR_MODULE = 'tensorflow_estimator.'
 
 
@@ -312,7 +312,7 @@ class _TrainingExecutor(object):
   """Runs this task's part of `train_and_evaluate`, chosen by `config.task_type`."""
 
   def __init__(self, estimator, train_spec, eval_spec):
-    if not isinstance(estimator, TPUEstimator):
+    if not isinstance(estimator, Estimator):
       raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
                       '(here: tpu_fc.TPUEstimator). Got: {}'.format(
                           type(estimator)))
@@ -445,7 +445,7 @@ class _TrainingExecutor(object):
 
 def _is_google_env():
   """Whether TF_CONFIG says the cluster manager starts the servers."""
-  tf_config = config_lib.read_tf_config()
+  tf_config = run_config.read_tf_config()
   if not tf_config:
     tf.compat.v1.logging.warn(
         'TF_CONFIG should not be empty in distributed environment.')

@@ -1,8 +1,8 @@
-"""Session loops of train / evaluate / predict, sequenced as tf.estimator does.
+"""The session runs of train / evaluate / predict, sequenced as tf.estimator does.
 
-Each takes the `EstimatorSpec` the driver built in the default graph, adds
-Estimator's bookkeeping (loss summary and metric, Saver, standard hooks) and
-runs a `MonitoredSession`. No model code is built here.
+Each takes what the driver built in the default graph (`model_fn.BuiltGraph`),
+adds Estimator's bookkeeping (loss summary and metric, standard hooks) and runs
+a `MonitoredSession`. No model code is built here.
 """
 import contextlib
 
@@ -13,22 +13,24 @@ from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import input_errors
-from tpu_fc.estimator import tpu_emulation
 
 _LOSS = 'loss'
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
 
 
-def train(spec, hooks, saving_listeners, config):
+def train(built, hooks, saving_listeners, config, saves_input_position=False):
   """Trains until a hook stops the session; returns the last loss value.
 
   Args:
-    spec: the TRAIN `EstimatorSpec`, its training hooks with the driver's
+    built: the TRAIN `BuiltGraph`, its spec's training hooks with the driver's
       progress logging.
     hooks: input, caller and stop hooks, run before the spec's own.
     saving_listeners: `CheckpointSaverListener`s for the checkpoint hook.
     config: the estimator's `RunConfig`.
+    saves_input_position: the checkpoints hold the input's position (the
+      input hooks then run before the first save).
   """
+  spec = built.spec
   graph = tf.compat.v1.get_default_graph()
   summaries = graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
   if not any(summary.op.name == _LOSS for summary in summaries):
@@ -55,7 +57,7 @@ def train(spec, hooks, saving_listeners, config):
             save_graph_def=config.checkpoint_save_graph_def)
     ]
     saver_hooks = chief_hooks
-  saving_listeners = (checkpoints.before_save_listeners(graph) +
+  saving_listeners = (checkpoints.before_save_listeners(built.before_save) +
                       list(saving_listeners or []))
   if saving_listeners:
     if not saver_hooks:
@@ -68,11 +70,11 @@ def train(spec, hooks, saving_listeners, config):
     listeners.extend(l for l in saving_listeners if l not in listeners)
 
   chief_only_hooks = tuple(chief_hooks) + tuple(spec.training_chief_hooks)
-  if checkpoints.saves_input_position(graph) and config.is_chief:
+  if saves_input_position and config.is_chief:
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
-  in_loop = tpu_emulation.in_training_loop(graph)
+  in_loop = built.loop_iterations is not None
   with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
       in_loop and _TRAINING_LOOP), tf.compat.v1.train.MonitoredTrainingSession(
       master=config.master,
@@ -136,14 +138,16 @@ def _hooks_fetching_loop_tensors_explained(loop):
         'hook only when use_tpu=False.'.format(error, *loop)) from error
 
 
-def evaluate(spec, hooks, checkpoint_path, config, output_dir):
+def evaluate(built, hooks, checkpoint_path, config, output_dir):
   """Evaluates once; returns metric values plus `loss` and `global_step`.
 
   Runs the metric update ops until a hook stops or input ends, then writes the
-  results as summaries to `output_dir`.
+  results as summaries to `output_dir`.  The loss is the mean of the spec's
+  loss, or an evaluation loop's own (`built.eval_loss`).
   """
+  spec = built.spec
   eval_metric_ops = dict(spec.eval_metric_ops)
-  loop_loss = eval_metric_ops.pop(tpu_emulation.LOOP_LOSS_METRIC, None)
+  loop_loss = built.eval_loss
   if _LOSS in eval_metric_ops:
     raise ValueError(
         'Metric with name "%s" is not allowed, because Estimator ' % _LOSS +
@@ -186,7 +190,7 @@ def evaluate(spec, hooks, checkpoint_path, config, output_dir):
   return results
 
 
-def predict(spec, hooks, checkpoint_path, config, predict_keys,
+def predict(built, hooks, checkpoint_path, config, predict_keys,
             yield_single_examples):
   """Starts a prediction session now; returns the generator of its outputs.
 
@@ -194,6 +198,7 @@ def predict(spec, hooks, checkpoint_path, config, predict_keys,
   current default graph; the returned generator runs it without making that
   graph the default, so code between predictions is unaffected.
   """
+  spec = built.spec
   predictions = _extract_keys(spec.predictions, predict_keys)
   session = tf.compat.v1.train.MonitoredSession(
       session_creator=tf.compat.v1.train.ChiefSessionCreator(

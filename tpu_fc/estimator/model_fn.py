@@ -1,14 +1,14 @@
-"""`ModeKeys`, `EstimatorSpec`, `TPUEstimatorSpec` of tensorflow-estimator 2.15.
+"""`ModeKeys` and `EstimatorSpec` of tensorflow-estimator 2.15 (its `model_fn.py`).
 
 Same fields, defaults, validation and error texts; `to_estimator_spec` also
-takes tensorflow_estimator's own spec namedtuples, so model_fns written against
-`tf.compat.v1.estimator.tpu.TPUEstimatorSpec` run unchanged.
+takes tensorflow_estimator's own `EstimatorSpec`, so model_fns written against
+`tf.estimator.EstimatorSpec` run unchanged.  The TPU's spec is in
+`tpu_fc.estimator.tpu.tpu_estimator_spec`.
 """
 import collections
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
-from tpu_fc.estimator import hooks as hooks_lib
 
 
 class ModeKeys(object):
@@ -41,7 +41,7 @@ def _check_is_tensor(x, name):
   return x
 
 
-def _validate_train_op(train_op, mode):
+def validate_train_op(train_op, mode):
   if train_op is None:
     if mode == ModeKeys.TRAIN:
       raise ValueError('Missing train_op.')
@@ -57,7 +57,7 @@ def _validate_train_op(train_op, mode):
   return train_op
 
 
-def _validate_loss(loss, mode):
+def validate_loss(loss, mode):
   if loss is None:
     if mode in (ModeKeys.TRAIN, ModeKeys.EVAL):
       raise ValueError('Missing loss.')
@@ -73,7 +73,7 @@ def _validate_loss(loss, mode):
   return loss
 
 
-def _validate_predictions(predictions, mode):
+def validate_predictions(predictions, mode):
   if predictions is None:
     if mode == ModeKeys.PREDICT:
       raise ValueError('Missing predictions.')
@@ -96,13 +96,13 @@ def _validate_predictions(predictions, mode):
   return predictions
 
 
-def _validate_export_outputs(export_outputs, predictions, mode):
+def validate_export_outputs(export_outputs, predictions, mode):
   if mode == ModeKeys.PREDICT:
     return internals.get_export_outputs(export_outputs, predictions)
   return export_outputs
 
 
-def _validate_hooks(hooks):
+def validate_hooks(hooks):
   hooks = tuple(hooks or [])
   for hook in hooks:
     if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
@@ -187,14 +187,14 @@ class EstimatorSpec(
               scaffold=None,
               evaluation_hooks=None,
               prediction_hooks=None):
-    train_op = _validate_train_op(train_op, mode)
-    loss = _validate_loss(loss, mode)
-    predictions = _validate_predictions(predictions, mode)
-    export_outputs = _validate_export_outputs(export_outputs, predictions, mode)
-    training_hooks = _validate_hooks(training_hooks)
-    evaluation_hooks = _validate_hooks(evaluation_hooks)
-    prediction_hooks = _validate_hooks(prediction_hooks)
-    training_chief_hooks = _validate_hooks(training_chief_hooks)
+    train_op = validate_train_op(train_op, mode)
+    loss = validate_loss(loss, mode)
+    predictions = validate_predictions(predictions, mode)
+    export_outputs = validate_export_outputs(export_outputs, predictions, mode)
+    training_hooks = validate_hooks(training_hooks)
+    evaluation_hooks = validate_hooks(evaluation_hooks)
+    prediction_hooks = validate_hooks(prediction_hooks)
+    training_chief_hooks = validate_hooks(training_chief_hooks)
     eval_metric_ops = _validate_eval_metric_ops(eval_metric_ops)
     scaffold = _validate_scaffold(scaffold)
     return super(EstimatorSpec, cls).__new__(
@@ -218,143 +218,41 @@ class EstimatorSpec(
     return EstimatorSpec(**dict(self._asdict(), **kwds))
 
 
-def _validate_host_calls(host_calls):
-  """Checks `eval_metrics` / `host_call` pairs (legacy _OutfeedHostCall)."""
-  for name, host_call in host_calls.items():
-    if not isinstance(host_call, (tuple, list)):
-      raise ValueError('{} should be tuple or list'.format(name))
-    if len(host_call) != 2:
-      raise ValueError('{} should have two elements.'.format(name))
-    fn, tensors = host_call
-    if not callable(fn):
-      raise TypeError('{}[0] should be callable.'.format(name))
-    if not isinstance(tensors, (tuple, list, dict)):
-      raise ValueError('{}[1] should be tuple or list, or dict.'.format(name))
-    if isinstance(tensors, (tuple, list)):
-      has_varargs = internals.getfullargspec(fn).varargs is not None
-      fn_args = internals.fn_args(fn)
-      if not has_varargs and len(tensors) != len(fn_args):
-        raise RuntimeError(
-            'In TPUEstimatorSpec.{}, length of tensors {} does not match '
-            'method args of the function, which takes {}.'.format(
-                name, len(tensors), len(fn_args)))
+class BuiltGraph(collections.namedtuple('BuiltGraph', [
+    'spec', 'checkpoint_names', 'before_save', 'steps_per_run',
+    'loop_iterations', 'eval_loss'])):
+  """What building a mode's model gives the session runs, besides the graph.
 
-
-def call_host_fn(name, host_call):
-  """Calls a host_call on the host (CPU) with its tensors."""
-  fn, tensors = host_call
-  if isinstance(tensors, (tuple, list)):
-    return fn(*tensors)
-  try:
-    return fn(**tensors)
-  except TypeError as e:
-    tf.compat.v1.logging.warn(
-        'Exception while calling %s: %s. It is likely the tensors '
-        '(%s[1]) do not match the '
-        'function\'s arguments', name, e, name)
-    raise
-
-
-class TPUEstimatorSpec(
-    collections.namedtuple('TPUEstimatorSpec', [
-        'mode', 'predictions', 'loss', 'train_op', 'eval_metrics',
-        'export_outputs', 'scaffold_fn', 'host_call', 'training_hooks',
-        'evaluation_hooks', 'prediction_hooks'
-    ])):
-  """What a TPU model_fn returns (legacy `tf.estimator.tpu.TPUEstimatorSpec`).
-
-  `eval_metrics` and `host_call` are `(fn, tensors)` with tensors a list
-  (positional) or dict (keyword); `scaffold_fn` builds the `Scaffold` on the
-  host.
+  spec: the `EstimatorSpec` to run.
+  checkpoint_names: {checkpoint name: variable} of what the build named
+    itself (the emulated TPU's tables under their legacy names), or None:
+    every variable under its own name.
+  before_save: functions building the ops each checkpoint save runs first.
+  steps_per_run: the global steps one `session.run` of the train op takes.
+  loop_iterations: the feedable step count of an in-graph training loop
+    (`session.run` runs that many steps), or None: no loop.
+  eval_loss: an evaluation loop's `(mean loss, the loop)` metric, or None:
+    the mean of `spec.loss` over the runs.
   """
 
-  def __new__(cls,
-              mode,
-              predictions=None,
-              loss=None,
-              train_op=None,
-              eval_metrics=None,
-              export_outputs=None,
-              scaffold_fn=None,
-              host_call=None,
-              training_hooks=None,
-              evaluation_hooks=None,
-              prediction_hooks=None):
-    host_calls = {'eval_metrics': eval_metrics, 'host_call': host_call}
-    _validate_host_calls({k: v for k, v in host_calls.items() if v is not None})
-    training_hooks = _validate_hooks(training_hooks)
-    evaluation_hooks = _validate_hooks(evaluation_hooks)
-    prediction_hooks = _validate_hooks(prediction_hooks)
-    train_op = _validate_train_op(train_op, mode)
-    loss = _validate_loss(loss, mode)
-    predictions = _validate_predictions(predictions, mode)
-    export_outputs = _validate_export_outputs(export_outputs, predictions, mode)
-    return super(TPUEstimatorSpec, cls).__new__(
-        cls,
-        mode=mode,
-        predictions=predictions,
-        loss=loss,
-        train_op=train_op,
-        eval_metrics=eval_metrics,
-        export_outputs=export_outputs,
-        scaffold_fn=scaffold_fn,
-        host_call=host_call,
-        training_hooks=training_hooks,
-        evaluation_hooks=evaluation_hooks,
-        prediction_hooks=prediction_hooks)
-
-  def as_estimator_spec(self):
-    """The `EstimatorSpec` TPUEstimator runs on CPU.
-
-    Calls `eval_metrics`' metric_fn, then `host_call` (run every step by a hook
-    in every mode), then `scaffold_fn`, in that order, in the current graph.
-    """
-    eval_metric_ops = None
-    if self.eval_metrics is not None:
-      eval_metric_ops = call_host_fn('eval_metrics', self.eval_metrics)
-    host_hooks = ()
-    if self.host_call is not None:
-      host_hooks = (hooks_lib.HostCallHook(
-          call_host_fn('host_call', self.host_call)),)
-    scaffold = self.scaffold_fn() if self.scaffold_fn else None
-    return EstimatorSpec(
-        mode=self.mode,
-        predictions=self.predictions,
-        loss=self.loss,
-        train_op=self.train_op,
-        eval_metric_ops=eval_metric_ops,
-        export_outputs=self.export_outputs,
-        scaffold=scaffold,
-        training_hooks=self.training_hooks + host_hooks,
-        evaluation_hooks=self.evaluation_hooks + host_hooks,
-        prediction_hooks=self.prediction_hooks + host_hooks)
+  def __new__(cls, spec, checkpoint_names=None, before_save=(),
+              steps_per_run=1, loop_iterations=None, eval_loss=None):
+    return super().__new__(cls, spec, checkpoint_names, tuple(before_save),
+                           steps_per_run, loop_iterations, eval_loss)
 
 
-def _fields_of(spec, spec_class):
+def fields_of(spec, spec_class):
   """`spec`'s values for `spec_class`'s fields, or None if it lacks one."""
   if not all(hasattr(spec, field) for field in spec_class._fields):
     return None
   return {field: getattr(spec, field) for field in spec_class._fields}
 
 
-def as_tpu_estimator_spec(spec):
-  """A model_fn result as our `TPUEstimatorSpec` (ours or TF's), else None."""
-  if isinstance(spec, TPUEstimatorSpec):
-    return spec
-  if isinstance(spec, EstimatorSpec):
-    return None
-  tpu_fields = _fields_of(spec, TPUEstimatorSpec)
-  return None if tpu_fields is None else TPUEstimatorSpec(**tpu_fields)
-
-
 def to_estimator_spec(spec):
   """The `EstimatorSpec` to run for a model_fn result (ours or TF's spec)."""
   if isinstance(spec, EstimatorSpec):
     return spec
-  tpu_spec = as_tpu_estimator_spec(spec)
-  if tpu_spec is not None:
-    return tpu_spec.as_estimator_spec()
-  fields = _fields_of(spec, EstimatorSpec)
+  fields = fields_of(spec, EstimatorSpec)
   if fields is not None:
     return EstimatorSpec(**fields)
   raise ValueError('model_fn should return an EstimatorSpec.')

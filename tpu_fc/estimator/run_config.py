@@ -1,171 +1,19 @@
-"""Run configuration: `RunConfig`, `TPUConfig`, `InputPipelineConfig`.
+"""`RunConfig` of the Estimator: tensorflow-estimator 2.15's `run_config.py`.
 
-Same fields, defaults and error texts as `tf.compat.v1.estimator.tpu.*` in
-tensorflow-estimator 2.15 (which does not import on TF >= 2.16). The cluster
-roles (task type and id, chief, master, ps and worker counts) come from
-`TF_CONFIG` exactly as `tf.estimator.RunConfig` read them, or from a
-`ClusterResolver` passed as `cluster` whose cluster has a `ps` job (a
-parameter-server cluster; see `tpu_fc.estimator.distributed`).
+Same fields, defaults and error texts (tensorflow-estimator does not import on
+TF >= 2.16).  The cluster roles (task type and id, chief, master, ps and worker
+counts) come from `TF_CONFIG` exactly as `tf.estimator.RunConfig` read them, or
+from a `ClusterResolver` passed as `cluster`: a parameter-server cluster (one
+with a `ps` job; see `tpu_fc.estimator.distributed`) stands in for `TF_CONFIG`,
+another (a TPU's) gives the master and cluster spec.  The TPU's `RunConfig`
+(with `tpu_config`) is `tpu_fc.estimator.tpu.tpu_config.RunConfig`.
 """
-import collections
 import copy
 import inspect
 import json
 import os
-import re
-
-import numpy as np
 
 from tpu_fc._tf import tf
-
-
-class InputPipelineConfig(object):
-  """How `input_fn` is deployed on TPU hosts; see `TPUConfig`."""
-  PER_SHARD_V1 = 1
-  PER_HOST_V1 = 2
-  PER_HOST_V2 = 3
-  BROADCAST = 4
-  SLICED = 5
-
-
-_ITERATIONS_PER_LOOP_VALUE_REGEX = re.compile(
-    r'^(?P<value>[1-9]\d*)((?P<suffix>[s|m|h])$|$)')
-
-IterationsPerLoopCounter = collections.namedtuple('IterationsPerLoopCounter',
-                                                  ['value', 'unit'])
-
-
-def check_positive_integer(value, name):
-  """Raises the legacy TypeError/ValueError unless `value` is an int > 0."""
-  if not isinstance(value, (int, np.integer)):
-    raise TypeError('{} must be int, got {}'.format(name, type(value)))
-  if value <= 0:
-    raise ValueError('{} must be positive, got {}'.format(name, value))
-
-
-def parse_iterations_per_loop(iterations_per_loop):
-  """Parses `N` (steps) or `'<N>s|m|h'` (seconds) into a counter."""
-  m = _ITERATIONS_PER_LOOP_VALUE_REGEX.match(str(iterations_per_loop))
-  if m is None:
-    # The missing space in 'anypositive' is TF's.
-    raise ValueError(
-        'Invalid TPUConfig `iterations_per_loop` value. Value must be positive '
-        'integer value or time-based value `<N><s|m|h>` where <N> is any'
-        'positive integer and `s`, `m`, `h` are unit of time in seconds, '
-        'minutes, hours respectively. Examples of valid values: `3600s`, `60m`,'
-        ' `1h`.')
-  value = int(m.group('value'))
-  suffix = m.group('suffix')
-  if suffix is None:
-    return IterationsPerLoopCounter(value, 'count')
-  return IterationsPerLoopCounter(value * {'s': 1, 'm': 60, 'h': 3600}[suffix],
-                                  'seconds')
-
-
-def _tpu_job_name_from_tf_config():
-  tpu_job_name = read_tf_config().get('service', {}).get(
-      'tpu_worker_job_name')
-  if tpu_job_name:
-    tf.compat.v1.logging.info('Load TPU job name from TF_CONFIG: %s',
-                              tpu_job_name)
-  return tpu_job_name
-
-
-class TPUConfig(
-    collections.namedtuple('TPUConfig', [
-        'iterations_per_loop',
-        'num_shards',
-        'num_cores_per_replica',
-        'per_host_input_for_training',
-        'tpu_job_name',
-        'initial_infeed_sleep_secs',
-        'input_partition_dims',
-        'eval_training_input_configuration',
-        'experimental_host_call_every_n_steps',
-        'experimental_allow_per_host_v2_parallel_get_next',
-        'experimental_feed_hook',
-    ])):
-  """TPU settings of a `RunConfig` (legacy `tf.estimator.tpu.TPUConfig`).
-
-  `per_host_input_for_training` True/False is stored as PER_HOST_V1 /
-  PER_SHARD_V1.
-  """
-
-  def __new__(cls,
-              iterations_per_loop=2,
-              num_shards=None,
-              num_cores_per_replica=None,
-              per_host_input_for_training=True,
-              tpu_job_name=None,
-              initial_infeed_sleep_secs=None,
-              input_partition_dims=None,
-              eval_training_input_configuration=InputPipelineConfig.PER_HOST_V1,
-              experimental_host_call_every_n_steps=1,
-              experimental_allow_per_host_v2_parallel_get_next=False,
-              experimental_feed_hook=None):
-    parse_iterations_per_loop(iterations_per_loop)
-    if num_shards is not None:
-      check_positive_integer(num_shards, 'TPUConfig num_shards')
-    if input_partition_dims is not None:
-      if len(input_partition_dims) not in (1, 2):
-        raise ValueError(
-            'input_partition_dims must be a list/tuple with one or two'
-            ' elements.')
-      if per_host_input_for_training is not InputPipelineConfig.PER_HOST_V2:
-        raise ValueError(
-            'input_partition_dims is only supported in PER_HOST_V2 mode.')
-      if num_cores_per_replica is None:
-        raise ValueError(
-            'input_partition_dims requires setting num_cores_per_replica.')
-    if num_cores_per_replica is not None and num_cores_per_replica not in (
-        1, 2, 4, 8, 16, 32, 64, 128):
-      raise ValueError('num_cores_per_replica must be 1, 2, 4, 8, 16, 32, 64, '
-                       '128; got {}'.format(str(num_cores_per_replica)))
-    if eval_training_input_configuration not in (
-        InputPipelineConfig.PER_HOST_V1, InputPipelineConfig.SLICED):
-      raise ValueError(
-          'eval_training_input_configuration must be PER_HOST_V1 or SLICED;'
-          ' got {}'.format(str(eval_training_input_configuration)))
-    if per_host_input_for_training is False:
-      per_host_input_for_training = InputPipelineConfig.PER_SHARD_V1
-    elif per_host_input_for_training is True:
-      per_host_input_for_training = InputPipelineConfig.PER_HOST_V1
-    if initial_infeed_sleep_secs:
-      check_positive_integer(initial_infeed_sleep_secs,
-                             'TPUConfig initial_infeed_sleep_secs')
-    return super(TPUConfig, cls).__new__(
-        cls,
-        iterations_per_loop=iterations_per_loop,
-        num_shards=num_shards,
-        num_cores_per_replica=num_cores_per_replica,
-        per_host_input_for_training=per_host_input_for_training,
-        tpu_job_name=tpu_job_name or _tpu_job_name_from_tf_config(),
-        initial_infeed_sleep_secs=initial_infeed_sleep_secs,
-        input_partition_dims=input_partition_dims,
-        eval_training_input_configuration=eval_training_input_configuration,
-        experimental_host_call_every_n_steps=(
-            experimental_host_call_every_n_steps),
-        experimental_allow_per_host_v2_parallel_get_next=(
-            experimental_allow_per_host_v2_parallel_get_next),
-        experimental_feed_hook=experimental_feed_hook)
-
-
-def coerce_tpu_config(tpu_config):
-  """Returns a `TPUConfig` for ours, None, or any object with its attributes."""
-  if tpu_config is None:
-    return TPUConfig()
-  if isinstance(tpu_config, TPUConfig):
-    return tpu_config
-  if not all(hasattr(tpu_config, field) for field in (
-      'iterations_per_loop', 'num_shards', 'per_host_input_for_training')):
-    raise TypeError(
-        'tpu_config must be a TPUConfig (e.g. tpu_config=TPUConfig('
-        'iterations_per_loop=100, num_shards=8)), got {!r}.'.format(tpu_config))
-  return TPUConfig(**{
-      field: getattr(tpu_config, field)
-      for field in TPUConfig._fields
-      if hasattr(tpu_config, field)
-  })
 
 
 _TF_CONFIG_ENV = 'TF_CONFIG'
@@ -364,7 +212,7 @@ _NO_STRATEGY = (
     'splits its batch over TPUConfig(num_shards=...) emulated cores, and trains '
     'with parameter servers from TF_CONFIG (docs/scaling.md). Leave {} None.')
 # Keyword fields of `RunConfig.__init__`, all replaceable as in Estimator.
-_KWARG_FIELDS = (
+KWARG_FIELDS = (
     'model_dir', 'tf_random_seed', 'save_summary_steps',
     'save_checkpoints_steps', 'save_checkpoints_secs', 'session_config',
     'keep_checkpoint_max', 'keep_checkpoint_every_n_hours',
@@ -372,10 +220,9 @@ _KWARG_FIELDS = (
     'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas',
     'experimental_max_worker_delay_secs') + _STRATEGY_FIELDS
 # The cluster-role properties: from TF_CONFIG or a parameter-server resolver.
-_CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
+CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
                    'evaluation_master', 'is_chief', 'num_ps_replicas',
                    'num_worker_replicas', 'global_id_in_cluster')
-_REPLACEABLE = list(_KWARG_FIELDS) + ['tpu_config']
 
 # (field, predicate, message): estimator run_config._validate_properties,
 # applied to every non-None value.
@@ -411,7 +258,7 @@ def _fn_args(fn):
   return tuple(inspect.signature(fn).parameters)
 
 
-def _validate(values):
+def validate(values):
   for name, ok, message in _PROPERTY_CHECKS:
     if values[name] is not None and not ok(values[name]):
       raise ValueError(message)
@@ -422,18 +269,18 @@ def path_to_str(path):
   return os.fspath(path) if hasattr(path, '__fspath__') else path
 
 
-def _field(name):
+def field(name):
   # pylint: disable-next=protected-access
   return property(lambda self: self._values[name])
 
 
 class RunConfig(object):
-  """Immutable run configuration (legacy `tf.estimator.tpu.RunConfig`).
+  """Immutable run configuration (`tf.estimator.RunConfig`'s fields).
 
   Keyword arguments are those of `tf.estimator.RunConfig` that the driver uses;
   `save_checkpoints_secs` defaults to 600 when neither it nor
-  `save_checkpoints_steps` is given.  `cluster` is a TPU `ClusterResolver`
-  whose master and cluster spec are taken as in TF, or a resolver of a
+  `save_checkpoints_steps` is given.  `cluster` is a `ClusterResolver` whose
+  master and cluster spec are taken as TF takes a TPU's, or a resolver of a
   parameter-server cluster (one with a `ps` job, e.g. a `SimpleClusterResolver`
   with task_type and task_id), which then stands in for `TF_CONFIG`.
 
@@ -442,8 +289,10 @@ class RunConfig(object):
   semantics, instead of training asynchronously (Estimator's default).
   """
 
+  # Fields `replace` takes, all of the keyword arguments, as in Estimator.
+  REPLACEABLE = KWARG_FIELDS
+
   def __init__(self,
-               tpu_config=None,
                evaluation_master=None,
                master=None,
                cluster=None,
@@ -522,52 +371,48 @@ class RunConfig(object):
         train_distribute=train_distribute,
         eval_distribute=eval_distribute,
         experimental_distribute=experimental_distribute,
-        tpu_config=coerce_tpu_config(tpu_config),
         cluster=cluster,
         **settings)
-    _validate(self._values)
+    validate(self._values)
 
-  model_dir = _field('model_dir')
-  tf_random_seed = _field('tf_random_seed')
-  save_summary_steps = _field('save_summary_steps')
-  save_checkpoints_steps = _field('save_checkpoints_steps')
-  save_checkpoints_secs = _field('save_checkpoints_secs')
-  session_config = _field('session_config')
-  keep_checkpoint_max = _field('keep_checkpoint_max')
-  keep_checkpoint_every_n_hours = _field('keep_checkpoint_every_n_hours')
-  log_step_count_steps = _field('log_step_count_steps')
-  session_creation_timeout_secs = _field('session_creation_timeout_secs')
-  checkpoint_save_graph_def = _field('checkpoint_save_graph_def')
-  device_fn = _field('device_fn')
-  protocol = _field('protocol')
-  sync_replicas = _field('sync_replicas')
-  experimental_max_worker_delay_secs = _field(
+  model_dir = field('model_dir')
+  tf_random_seed = field('tf_random_seed')
+  save_summary_steps = field('save_summary_steps')
+  save_checkpoints_steps = field('save_checkpoints_steps')
+  save_checkpoints_secs = field('save_checkpoints_secs')
+  session_config = field('session_config')
+  keep_checkpoint_max = field('keep_checkpoint_max')
+  keep_checkpoint_every_n_hours = field('keep_checkpoint_every_n_hours')
+  log_step_count_steps = field('log_step_count_steps')
+  session_creation_timeout_secs = field('session_creation_timeout_secs')
+  checkpoint_save_graph_def = field('checkpoint_save_graph_def')
+  device_fn = field('device_fn')
+  protocol = field('protocol')
+  sync_replicas = field('sync_replicas')
+  experimental_max_worker_delay_secs = field(
       'experimental_max_worker_delay_secs')
-  train_distribute = _field('train_distribute')
-  eval_distribute = _field('eval_distribute')
-  experimental_distribute = _field('experimental_distribute')
-  tpu_config = _field('tpu_config')
-  master = _field('master')
-  evaluation_master = _field('evaluation_master')
-  cluster = _field('cluster')
-  cluster_spec = _field('cluster_spec')
-  is_chief = _field('is_chief')
-  task_type = _field('task_type')
-  task_id = _field('task_id')
-  global_id_in_cluster = _field('global_id_in_cluster')
-  num_ps_replicas = _field('num_ps_replicas')
-  num_worker_replicas = _field('num_worker_replicas')
+  train_distribute = field('train_distribute')
+  eval_distribute = field('eval_distribute')
+  experimental_distribute = field('experimental_distribute')
+  master = field('master')
+  evaluation_master = field('evaluation_master')
+  cluster = field('cluster')
+  cluster_spec = field('cluster_spec')
+  is_chief = field('is_chief')
+  task_type = field('task_type')
+  task_id = field('task_id')
+  global_id_in_cluster = field('global_id_in_cluster')
+  num_ps_replicas = field('num_ps_replicas')
+  num_worker_replicas = field('num_worker_replicas')
 
   def replace(self, **kwargs):
     """Returns a copy with the given fields replaced (legacy rules)."""
     for key in kwargs:
-      if key not in _REPLACEABLE:
+      if key not in self.REPLACEABLE:
         raise ValueError(
             'Replacing {} is not supported. Allowed properties are {}.'.format(
-                key, _REPLACEABLE))
-    values = dict(self._values, **kwargs)
-    if 'tpu_config' in kwargs:
-      values['tpu_config'] = coerce_tpu_config(kwargs['tpu_config'])
+                key, list(self.REPLACEABLE)))
+    values = dict(self._values, **self._coerced(kwargs))
     if 'model_dir' in kwargs:
       values['model_dir'] = path_to_str(kwargs['model_dir'])
     steps = values['save_checkpoints_steps']
@@ -579,8 +424,12 @@ class RunConfig(object):
       values['save_checkpoints_secs'] = None
     elif 'save_checkpoints_secs' in kwargs and secs is not None:
       values['save_checkpoints_steps'] = None
-    _validate(values)
+    validate(values)
     return self._from_values(values)
+
+  def _coerced(self, values):
+    """`values` of fields as stored (a subclass converts its own fields)."""
+    return values
 
   @classmethod
   def _from_values(cls, values):
@@ -637,25 +486,3 @@ def without_table_copy_rewrite(session_config):
   if rewrite_options.arithmetic_optimization == rewrite_options.DEFAULT:
     rewrite_options.arithmetic_optimization = rewrite_options.OFF
   return result
-
-
-def coerce_run_config(config):
-  """Returns our `RunConfig` for ours or a duck-typed TPU RunConfig.
-
-  A tensorflow_estimator `tpu.RunConfig` is read attribute by attribute (its
-  session_config already holds the cluster def, so no re-merge is done).
-  """
-  if isinstance(config, RunConfig):
-    return config
-  if config is None or not hasattr(config, 'tpu_config'):
-    raise ValueError(
-        '`config` must be provided with type `tpu_config.RunConfig`')
-  defaults = RunConfig()
-  values = {
-      name: getattr(config, name, getattr(defaults, name))
-      for name in _KWARG_FIELDS + _CLUSTER_FIELDS + ('cluster',)
-  }
-  values['model_dir'] = path_to_str(values['model_dir'])
-  values['tpu_config'] = coerce_tpu_config(config.tpu_config)
-  _validate(values)
-  return RunConfig._from_values(values)  # pylint: disable=protected-access

@@ -1,0 +1,289 @@
+"""`use_tpu=True` without a TPU: one TRAIN or EVAL step as the TPU would run it.
+
+The spec's lookup backends (`tpu_fc.lookup.backends`) prepare the features over
+the global batch: the host engine looks up every embedding-core feature,
+tensor-core features are densified with their mask; the model_fn is built once
+per emulated shard on its slice of the batch (`replication`); after it, the
+engine applies the captured embedding gradients with the spec's optimizer.
+Checkpoints keep the legacy names: tables and slots under the names the columns
+recorded, dense variables under their own, TPU dummy variables left out.
+"""
+import functools
+
+from tpu_fc._tf import tf
+from tpu_fc import build_context
+from tpu_fc import naming
+from tpu_fc.estimator import model_fn
+from tpu_fc.estimator.tpu import replication
+from tpu_fc.estimator.tpu import tpu_estimator_spec
+from tpu_fc.lookup import backends as lookup_backends
+from tpu_fc.lookup import sparse_update
+
+_logged_once = []
+
+
+def log_emulation_once():
+  if not _logged_once:
+    _logged_once.append(True)
+    tf.compat.v1.logging.warning(
+        'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
+        'TPU update rules, model_fn per shard).')
+
+
+def predict_padded(build, features, batch_size):
+  """The PREDICT graph as TPUEstimator builds it on a TPU: every feature padded
+  with zeros to `batch_size` examples (a static batch, the last, short batch
+  too), the predictions sliced back to the real examples.
+
+  Args:
+    build: `features -> BuiltGraph` of the PREDICT model.
+    features: one batch of input_fn (a SparseTensor gets the batch in its dense
+      shape, no entries).
+    batch_size: the predict batch size, or None: no padding.
+  """
+  leaves = [leaf for leaf in tf.nest.flatten(features)
+            if isinstance(leaf, (tf.Tensor, tf.SparseTensor))
+            and leaf.shape.rank]
+  if batch_size is None or not leaves:
+    return build(features)
+  first = leaves[0]
+  real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
+                 else tf.shape(first)[0], tf.int32)
+  check = tf.debugging.assert_less_equal(
+      real, batch_size,
+      message='The real batch size should not be greater than batch_size.')
+  with tf.control_dependencies([check]):
+    missing = batch_size - real
+
+  def padded(value):
+    if isinstance(value, tf.SparseTensor):
+      return tf.sparse.reset_shape(value, tf.concat(
+          [[batch_size], value.dense_shape[1:]], axis=0))
+    if not isinstance(value, tf.Tensor) or not value.shape.rank:
+      return value
+    result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
+    result.set_shape([batch_size] + value.shape[1:])
+    return result
+
+  built = build(tf.nest.map_structure(padded, features))
+  return built._replace(spec=built.spec._replace(
+      predictions=tf.nest.map_structure(lambda prediction: prediction[:real],
+                                        built.spec.predictions)))
+
+
+def _check_static_shapes(value, name):
+  """TF 2.15's check: a TPU's infeed carries only statically shaped tensors.
+
+  Run on what the model_fn receives (embedding features taken out), as
+  TPUEstimator does before calling it on the TPU.
+  """
+  items = value.items() if isinstance(value, dict) else [(None, value)]
+  for key, tensor in items:
+    for leaf in tf.nest.flatten(tensor, expand_composites=False):
+      if not tf.TensorShape(leaf.shape).is_fully_defined():
+        raise ValueError(
+            'The {} to the model returned by input_fn must have static shape. '
+            'Tensor: {}.{} A TPU (and its emulation) needs every dimension '
+            'known: batch the Dataset with drop_remainder=True, or set the '
+            'shape in input_fn.'.format(
+                name, leaf, '' if key is None else
+                ' Feature {!r} has shape {}.'.format(key, leaf.shape)))
+
+
+def _concat_shards(values):
+  """Per-shard eval_metrics / host_call tensors (list or dict), joined on axis 0."""
+  first = values[0]
+  if isinstance(first, dict):
+    return {k: tf.concat([v[k] for v in values], axis=0) for k in first}
+  return [tf.concat(list(parts), axis=0) for parts in zip(*values)]
+
+
+def _merged_spec(raw_specs, mode, loop_body):
+  """Shard 0's spec, with `eval_metrics` / `host_call` tensors of all shards.
+
+  As on a TPU, the host functions see each tensor concatenated over the shards
+  along the batch axis, and the loss is shard 0's (TF 2.15's TPU loops run with
+  `outputs_from_all_shards=False`).  In an in-graph loop (`loop_body`, see
+  `loops.LoopBody`) scaffold_fn is left to run after the loop and an
+  evaluation's metric_fn is recorded to be replayed outside it.
+  """
+  tpu_specs = [tpu_estimator_spec.as_tpu_estimator_spec(raw)
+               for raw in raw_specs]
+  if tpu_specs[0] is None:
+    return _verified_estimator_spec(raw_specs[0], mode)
+  if loop_body is not None and tpu_specs[0].scaffold_fn is not None:
+    loop_body.scaffold_fns.append(tpu_specs[0].scaffold_fn)
+    tpu_specs[0] = tpu_specs[0]._replace(scaffold_fn=None)
+  if mode == model_fn.ModeKeys.TRAIN:  # metric_fn is for evaluation only
+    tpu_specs[0] = tpu_specs[0]._replace(eval_metrics=None)
+  field = 'eval_metrics' if mode == model_fn.ModeKeys.EVAL else 'host_call'
+  host_call = getattr(tpu_specs[0], field)
+  if host_call is None:
+    return tpu_specs[0].as_estimator_spec()
+  tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
+  metric_fn = _refusing_v1_summaries(host_call[0])
+  if mode == model_fn.ModeKeys.EVAL and loop_body is not None:
+    metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
+  tpu_spec = tpu_specs[0]._replace(**{field: (metric_fn, tensors)})
+  if loop_body is None:
+    return tpu_spec.as_estimator_spec()
+  with loop_body.in_outer_name_scope():  # host_call's summary tags, as on a TPU
+    return tpu_spec.as_estimator_spec()
+
+
+def _verified_estimator_spec(raw_spec, mode):
+  """A model_fn's plain `EstimatorSpec`, as TPUEstimator takes it on a TPU.
+
+  TF 2.15's `_verify_estimator_spec`: chief hooks are refused, the scaffold
+  ignored (a TPU's scaffold comes from `scaffold_fn`); evaluation needs the
+  TPU's metric_fn.
+  """
+  if mode == model_fn.ModeKeys.EVAL:
+    raise RuntimeError(
+        'estimator_spec used by TPU evaluation must have type'
+        '`TPUEstimatorSpec`. Got {}'.format(type(raw_spec)))
+  if raw_spec.training_chief_hooks:
+    raise ValueError(
+        'training_chief_hooks returned by EstimatorSpec is not supported in '
+        'TPUEstimator.If you want to pass training hooks, please pass via '
+        'training_hooks.')
+  tf.compat.v1.logging.warn('EstimatorSpec.Scaffold is ignored by TPU '
+                            'train/eval. Please use TPUEstimatorSpec.')
+  return model_fn.to_estimator_spec(raw_spec)._replace(
+      scaffold=tf.compat.v1.train.Scaffold())
+
+
+# What a TPU's host_call refuses (TF 2.15's `CatchInvalidHostcallFunctions`).
+_V1_SUMMARY_OPS = frozenset((
+    'AudioSummary', 'AudioSummaryV2', 'HistogramSummary', 'ImageSummary',
+    'MergeSummary', 'ScalarSummary', 'TensorSummary', 'TensorSummaryV2'))
+
+
+def _refusing_v1_summaries(host_fn):
+  """`host_fn`, raising TF's error if it makes a `tf.compat.v1.summary` op.
+
+  On a TPU such a summary has no writer in the host loop; TF refuses it, in
+  every loop length (tpu_fc's one-step runs could write it, its loops not).
+  """
+  @functools.wraps(host_fn)
+  def refusing(*args, **kwargs):
+    graph = tf.compat.v1.get_default_graph()
+    ops_before = len(graph.get_operations())
+    result = host_fn(*args, **kwargs)
+    if any(op.type in _V1_SUMMARY_OPS
+           for op in graph.get_operations()[ops_before:]):
+      raise ValueError('Please use tf.contrib.summary instead of tf.summary '
+                       'inside of host_calls.')
+    return result
+
+  return refusing
+
+
+def _localize_dummies(graph):
+  """Makes the TPU dummy variables and their model-optimizer slots local.
+
+  They only carry the activation gradients (always zero themselves), so they are
+  not model state: not saved, and re-initialized whenever a session starts, also
+  after a restore.
+  """
+  global_variables = graph.get_collection_ref(
+      tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+  dummies = [v for v in global_variables if naming.is_dummy(v.op.name)]
+  dummy_ids = {id(v) for v in dummies}
+  global_variables[:] = [v for v in global_variables if id(v) not in dummy_ids]
+  for variable in dummies:
+    graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, variable)
+
+
+def _checkpoint_names(backends, graph):
+  """Legacy checkpoint name -> variable: the backends' tables and slots, the
+  model's variables under their own names."""
+  names = {}
+  for backend in backends:
+    names.update(backend.checkpoint_variables(graph))
+  owned = {id(part) for v in names.values()
+           for part in sparse_update.table_parts(v)}
+  for variable in tf.compat.v1.global_variables():
+    if id(variable) not in owned:
+      names[variable.op.name] = variable
+  return names
+
+
+def build(call_model_fn, features, labels, mode, backends, num_shards,
+          batch_size, broadcast=False, aggregate_rows=None, loop_body=None):
+  """The `BuiltGraph` of an emulated TPU TRAIN or EVAL step.
+
+  Args:
+    call_model_fn: `(features, labels) -> model_fn result` for one shard, with
+      the per-shard batch size in params.
+    features, labels: the global batch from input_fn.  Like TPUEstimator,
+      raises unless what the model_fn receives has static shapes.
+    mode: ModeKeys.TRAIN or ModeKeys.EVAL.
+    backends: the spec's lookup backends (`lookup.backends.backends_for`).
+    num_shards: emulated TPU cores.
+    batch_size: the mode's global batch size (TPUEstimator's train or eval
+      batch size), the static batch of the activations, lengths and masks.
+    broadcast: `InputPipelineConfig.BROADCAST`: every shard gets the whole
+      batch (TPUEstimator refuses it with embedding features).
+    aggregate_rows: the synchronous replicas' aggregation of the tables' row
+      gradients (`EmbeddingBackend.apply_gradients`), or None.
+    loop_body: the `loops.LoopBody` when the step is an in-graph loop's body.
+
+  Returns:
+    A `BuiltGraph` whose checkpoint names are the legacy ones (the backends'
+    tables and slots under the names the columns recorded, the model's
+    variables under their own) and whose `before_save` has the backends'.
+  """
+  log_emulation_once()
+  training = mode == model_fn.ModeKeys.TRAIN
+  steps, activations = [], [{} for _ in range(num_shards)]
+  for backend in backends:
+    backend.create_variables(training)
+    step, per_shard = backend.lookup(features, num_shards, batch_size)
+    steps.append(step)
+    for shard, values in zip(activations, per_shard):
+      shard.update(values)
+  model_features = lookup_backends.model_features(backends, features,
+                                                  batch_size)
+  _check_static_shapes(model_features, 'features')
+  if labels is not None:
+    _check_static_shapes(labels, 'labels')
+
+  def slice_of(value, shard, name='Labels'):
+    if broadcast:
+      return value
+    return replication.split_batch(value, num_shards, shard, name)
+
+  def build_shard(shard):
+    shard_features = slice_of(model_features, shard, 'features')
+    if activations[shard]:
+      shard_features.update(activations[shard])
+    with build_context.building(mode):
+      return call_model_fn(shard_features, slice_of(labels, shard))
+
+  raw_specs = replication.replicate(build_shard, num_shards, [
+      creator for backend in backends
+      for creator in backend.shared_table_creators()])
+  graph = tf.compat.v1.get_default_graph()
+  _localize_dummies(graph)
+  # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
+  # as TPUEstimator creates them first.
+  checkpoint_names = _checkpoint_names(backends, graph)
+  estimator_spec = _merged_spec(raw_specs, mode, loop_body)
+  if not training or not backends:
+    return model_fn.BuiltGraph(estimator_spec, checkpoint_names)
+  updates, hooks = [], list(estimator_spec.training_hooks)
+  with tf.control_dependencies([estimator_spec.train_op]):
+    for backend, step in zip(backends, steps):
+      updates.append(backend.apply_gradients(step, aggregate_rows))
+      hooks.extend(backend.training_hooks(step))
+  return model_fn.BuiltGraph(
+      estimator_spec._replace(
+          train_op=tf.group(estimator_spec.train_op,
+                            *[update for update in updates
+                              if update is not None]),
+          training_hooks=tuple(hooks)),
+      checkpoint_names,
+      before_save=[build_op for build_op in (backend.before_save()
+                                             for backend in backends)
+                   if build_op is not None])

@@ -1,0 +1,204 @@
+"""The TPU's run configuration: `TPUConfig`, `InputPipelineConfig` and the
+`RunConfig` that holds a `TPUConfig` (`tf.compat.v1.estimator.tpu.*` of
+tensorflow-estimator 2.15, its `tpu_config.py`): same fields, defaults and
+error texts.
+"""
+import collections
+import re
+
+import numpy as np
+
+from tpu_fc._tf import tf
+from tpu_fc.estimator import run_config
+
+
+class InputPipelineConfig(object):
+  """How `input_fn` is deployed on TPU hosts; see `TPUConfig`."""
+  PER_SHARD_V1 = 1
+  PER_HOST_V1 = 2
+  PER_HOST_V2 = 3
+  BROADCAST = 4
+  SLICED = 5
+
+
+_ITERATIONS_PER_LOOP_VALUE_REGEX = re.compile(
+    r'^(?P<value>[1-9]\d*)((?P<suffix>[s|m|h])$|$)')
+
+IterationsPerLoopCounter = collections.namedtuple('IterationsPerLoopCounter',
+                                                  ['value', 'unit'])
+
+
+def check_positive_integer(value, name):
+  """Raises the legacy TypeError/ValueError unless `value` is an int > 0."""
+  if not isinstance(value, (int, np.integer)):
+    raise TypeError('{} must be int, got {}'.format(name, type(value)))
+  if value <= 0:
+    raise ValueError('{} must be positive, got {}'.format(name, value))
+
+
+def parse_iterations_per_loop(iterations_per_loop):
+  """Parses `N` (steps) or `'<N>s|m|h'` (seconds) into a counter."""
+  m = _ITERATIONS_PER_LOOP_VALUE_REGEX.match(str(iterations_per_loop))
+  if m is None:
+    # The missing space in 'anypositive' is TF's.
+    raise ValueError(
+        'Invalid TPUConfig `iterations_per_loop` value. Value must be positive '
+        'integer value or time-based value `<N><s|m|h>` where <N> is any'
+        'positive integer and `s`, `m`, `h` are unit of time in seconds, '
+        'minutes, hours respectively. Examples of valid values: `3600s`, `60m`,'
+        ' `1h`.')
+  value = int(m.group('value'))
+  suffix = m.group('suffix')
+  if suffix is None:
+    return IterationsPerLoopCounter(value, 'count')
+  return IterationsPerLoopCounter(value * {'s': 1, 'm': 60, 'h': 3600}[suffix],
+                                  'seconds')
+
+
+def _tpu_job_name_from_tf_config():
+  tpu_job_name = run_config.read_tf_config().get('service', {}).get(
+      'tpu_worker_job_name')
+  if tpu_job_name:
+    tf.compat.v1.logging.info('Load TPU job name from TF_CONFIG: %s',
+                              tpu_job_name)
+  return tpu_job_name
+
+
+class TPUConfig(
+    collections.namedtuple('TPUConfig', [
+        'iterations_per_loop',
+        'num_shards',
+        'num_cores_per_replica',
+        'per_host_input_for_training',
+        'tpu_job_name',
+        'initial_infeed_sleep_secs',
+        'input_partition_dims',
+        'eval_training_input_configuration',
+        'experimental_host_call_every_n_steps',
+        'experimental_allow_per_host_v2_parallel_get_next',
+        'experimental_feed_hook',
+    ])):
+  """TPU settings of a `RunConfig` (legacy `tf.estimator.tpu.TPUConfig`).
+
+  `per_host_input_for_training` True/False is stored as PER_HOST_V1 /
+  PER_SHARD_V1.
+  """
+
+  def __new__(cls,
+              iterations_per_loop=2,
+              num_shards=None,
+              num_cores_per_replica=None,
+              per_host_input_for_training=True,
+              tpu_job_name=None,
+              initial_infeed_sleep_secs=None,
+              input_partition_dims=None,
+              eval_training_input_configuration=InputPipelineConfig.PER_HOST_V1,
+              experimental_host_call_every_n_steps=1,
+              experimental_allow_per_host_v2_parallel_get_next=False,
+              experimental_feed_hook=None):
+    parse_iterations_per_loop(iterations_per_loop)
+    if num_shards is not None:
+      check_positive_integer(num_shards, 'TPUConfig num_shards')
+    if input_partition_dims is not None:
+      if len(input_partition_dims) not in (1, 2):
+        raise ValueError(
+            'input_partition_dims must be a list/tuple with one or two'
+            ' elements.')
+      if per_host_input_for_training is not InputPipelineConfig.PER_HOST_V2:
+        raise ValueError(
+            'input_partition_dims is only supported in PER_HOST_V2 mode.')
+      if num_cores_per_replica is None:
+        raise ValueError(
+            'input_partition_dims requires setting num_cores_per_replica.')
+    if num_cores_per_replica is not None and num_cores_per_replica not in (
+        1, 2, 4, 8, 16, 32, 64, 128):
+      raise ValueError('num_cores_per_replica must be 1, 2, 4, 8, 16, 32, 64, '
+                       '128; got {}'.format(str(num_cores_per_replica)))
+    if eval_training_input_configuration not in (
+        InputPipelineConfig.PER_HOST_V1, InputPipelineConfig.SLICED):
+      raise ValueError(
+          'eval_training_input_configuration must be PER_HOST_V1 or SLICED;'
+          ' got {}'.format(str(eval_training_input_configuration)))
+    if per_host_input_for_training is False:
+      per_host_input_for_training = InputPipelineConfig.PER_SHARD_V1
+    elif per_host_input_for_training is True:
+      per_host_input_for_training = InputPipelineConfig.PER_HOST_V1
+    if initial_infeed_sleep_secs:
+      check_positive_integer(initial_infeed_sleep_secs,
+                             'TPUConfig initial_infeed_sleep_secs')
+    return super(TPUConfig, cls).__new__(
+        cls,
+        iterations_per_loop=iterations_per_loop,
+        num_shards=num_shards,
+        num_cores_per_replica=num_cores_per_replica,
+        per_host_input_for_training=per_host_input_for_training,
+        tpu_job_name=tpu_job_name or _tpu_job_name_from_tf_config(),
+        initial_infeed_sleep_secs=initial_infeed_sleep_secs,
+        input_partition_dims=input_partition_dims,
+        eval_training_input_configuration=eval_training_input_configuration,
+        experimental_host_call_every_n_steps=(
+            experimental_host_call_every_n_steps),
+        experimental_allow_per_host_v2_parallel_get_next=(
+            experimental_allow_per_host_v2_parallel_get_next),
+        experimental_feed_hook=experimental_feed_hook)
+
+
+def coerce_tpu_config(tpu_config):
+  """Returns a `TPUConfig` for ours, None, or any object with its attributes."""
+  if tpu_config is None:
+    return TPUConfig()
+  if isinstance(tpu_config, TPUConfig):
+    return tpu_config
+  if not all(hasattr(tpu_config, field) for field in (
+      'iterations_per_loop', 'num_shards', 'per_host_input_for_training')):
+    raise TypeError(
+        'tpu_config must be a TPUConfig (e.g. tpu_config=TPUConfig('
+        'iterations_per_loop=100, num_shards=8)), got {!r}.'.format(tpu_config))
+  return TPUConfig(**{
+      field: getattr(tpu_config, field)
+      for field in TPUConfig._fields
+      if hasattr(tpu_config, field)
+  })
+
+
+
+
+class RunConfig(run_config.RunConfig):
+  """Immutable run configuration (legacy `tf.estimator.tpu.RunConfig`): the
+  Estimator's, with the `TPUConfig` first."""
+
+  REPLACEABLE = run_config.KWARG_FIELDS + ('tpu_config',)
+
+  def __init__(self, tpu_config=None, evaluation_master=None, master=None,
+               cluster=None, **kwargs):
+    super().__init__(evaluation_master, master, cluster, **kwargs)
+    self._values['tpu_config'] = coerce_tpu_config(tpu_config)
+
+  tpu_config = run_config.field('tpu_config')
+
+  def _coerced(self, values):
+    if 'tpu_config' in values:
+      values = dict(values, tpu_config=coerce_tpu_config(values['tpu_config']))
+    return values
+
+
+def coerce_run_config(config):
+  """Returns our `RunConfig` for ours or a duck-typed TPU RunConfig.
+
+  A tensorflow_estimator `tpu.RunConfig` is read attribute by attribute (its
+  session_config already holds the cluster def, so no re-merge is done).
+  """
+  if isinstance(config, RunConfig):
+    return config
+  if config is None or not hasattr(config, 'tpu_config'):
+    raise ValueError(
+        '`config` must be provided with type `tpu_config.RunConfig`')
+  defaults = RunConfig()
+  values = {
+      name: getattr(config, name, getattr(defaults, name))
+      for name in run_config.KWARG_FIELDS + run_config.CLUSTER_FIELDS + ('cluster',)
+  }
+  values['model_dir'] = run_config.path_to_str(values['model_dir'])
+  values['tpu_config'] = coerce_tpu_config(config.tpu_config)
+  run_config.validate(values)
+  return RunConfig._from_values(values)  # pylint: disable=protected-access

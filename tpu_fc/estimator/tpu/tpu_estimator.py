@@ -1,0 +1,483 @@
+"""`TPUEstimator`: TF 2.15's TPUEstimator on the Estimator driver.
+
+`use_tpu=False` runs every mode's model_fn as a plain CPU graph, exactly as TF
+2.15's `TPUEstimator(use_tpu=False)` did.  `use_tpu=True` emulates the TPU on
+the host: TRAIN and EVAL build the model_fn once per shard around the spec's
+lookup backends (`emulation`), in TF's in-graph loops (`loops`); PREDICT and
+export look up on the CPU, as TPUEstimator's default lookup device does for
+inference.  What it adds to the Estimator is in `_build_mode_graph` and the
+hooks it overrides: batch sizes and `params['context']`, the TPU's checks.
+"""
+import contextlib
+import copy
+import math
+
+from tpu_fc._tf import tf
+from tpu_fc import _tf_internals as internals
+from tpu_fc import build_context
+from tpu_fc import columns as columns_lib
+from tpu_fc import naming
+from tpu_fc.estimator import distributed
+from tpu_fc.estimator import estimator
+from tpu_fc.estimator import model_fn as model_fn_lib
+from tpu_fc.estimator import run_config
+from tpu_fc.estimator.hooks import ExamplesPerSecondHook
+from tpu_fc.estimator.model_fn import ModeKeys
+from tpu_fc.estimator.tpu import emulation
+from tpu_fc.estimator.tpu import loops
+from tpu_fc.estimator.tpu import replication
+from tpu_fc.estimator.tpu import tpu_config
+from tpu_fc.estimator.tpu import tpu_context
+from tpu_fc.estimator.tpu.tpu_config import check_positive_integer
+from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
+from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
+from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
+from tpu_fc.lookup import backends as lookup_backends
+from tpu_fc.lookup import tpu_embedding
+
+_BATCH_SIZE_KEY = 'batch_size'
+_USE_TPU_KEY = 'use_tpu'
+_CONTEXT_KEY = 'context'
+_RESERVED_PARAMS_KEYS = [_BATCH_SIZE_KEY, _CONTEXT_KEY]
+
+
+def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
+                     eval_batch_size, predict_batch_size, eval_on_tpu,
+                     embedding_config_spec):
+  """TPUEstimator's constructor checks, in TF's order and words."""
+  if params is not None and any(k in params for k in _RESERVED_PARAMS_KEYS):
+    raise ValueError('{} are reserved keys but existed in params {}.'.format(
+        _RESERVED_PARAMS_KEYS, params))
+  if use_tpu:
+    if train_batch_size is None:
+      raise ValueError('`train_batch_size` cannot be `None`')
+    check_positive_integer(train_batch_size, 'train_batch_size')
+    if (tpu_config.per_host_input_for_training ==
+        InputPipelineConfig.PER_SHARD_V1 and
+        tpu_config.num_cores_per_replica):
+      raise ValueError(
+          'Model parallelism only supports per host input for training. '
+          'Please adjust TPURunconfig.per_host_input_for_training.')
+    if eval_batch_size is not None:
+      check_positive_integer(eval_batch_size, 'eval_batch_size')
+    if predict_batch_size is not None:
+      check_positive_integer(predict_batch_size, 'predict_batch_size')
+    if embedding_config_spec and tpu_config.per_host_input_for_training not in (
+        InputPipelineConfig.PER_HOST_V1, InputPipelineConfig.PER_HOST_V2):
+      raise ValueError('Only PER_HOST_V1 and PER_HOST_V2 is supported when '
+                       'using TPU Embedding; got {}.'.format(
+                           tpu_config.per_host_input_for_training))
+  if (not (use_tpu and eval_on_tpu) and embedding_config_spec and
+      getattr(embedding_config_spec, 'partition_strategy', None) == 'mod'):
+    raise ValueError('Mod sharding of embedding tables not supported on '
+                     'CPU.')
+
+
+def _warn_if_tpu_unused(cluster):
+  """Warns when a TPU is there: tpu_fc emulates it (building logs that once)."""
+  resolver = tpu_embedding.tpu_cluster_resolver(cluster)
+  if resolver is not None:
+    tf.compat.v1.logging.warn(
+        'A TPU was found (%s), but tpu_fc does not drive TPUs yet: TPU training '
+        'and evaluation are emulated on the host. For TPU training, migrate the '
+        'model to the mid-level API (migration_guide/).', resolver.master())
+
+
+def _check_predict_ids_untransformed(features, embedding_config_spec):
+  """Refuses ids an input_fn already transformed for the TPU, naming the feature.
+
+  On the TPU, hash and vocabulary columns need integer ids, and TF's error says
+  to transform them in the input_fn.  PREDICT looks up on the CPU through the
+  feature columns, which transform the raw feature themselves (as the exported
+  model does), so such ids would be transformed twice.
+  """
+  columns = getattr(embedding_config_spec, 'feature_columns', None) or ()
+  if not isinstance(features, dict):
+    return
+  for column in columns:
+    categorical = columns_lib.ids_column(column)
+    value = features.get(getattr(categorical, 'key', None))
+    if (getattr(categorical, 'dtype', None) == tf.string and
+        value is not None and value.dtype.is_integer):
+      raise ValueError(
+          'Feature {} holds {} ids, but its column {} takes strings: with '
+          'use_tpu=True, predict looks up on the CPU through the feature '
+          'columns, which transform the raw feature themselves (as the '
+          'exported model does). Give the raw feature in PREDICT mode: '
+          'transform the ids for the TPU in TRAIN and EVAL only (e.g. in an '
+          'input_fn that takes `mode`).'.format(
+              categorical.key, value.dtype.name, categorical.name))
+
+
+def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
+  """(every_n_steps, every_n_secs) of TPUEstimator's progress logs, CPU or TPU.
+
+  TF 2.15's: ceil(log_step_count_steps / iterations_per_loop), counting
+  session runs (TPU loops) for the loss and global steps for the rates, or N
+  seconds for an 'Ns' iterations_per_loop.
+  """
+  iterations = parse_iterations_per_loop(iterations_per_loop)
+  if iterations.unit == 'seconds':
+    return None, iterations.value
+  if log_step_count_steps is None:
+    return None, None
+  return int(math.ceil(log_step_count_steps / iterations.value)), None
+
+
+class TPUEstimator(estimator.Estimator):
+  """Legacy `tf.compat.v1.estimator.tpu.TPUEstimator`, same constructor.
+
+  model_fn and input_fn must take `params`: `params['batch_size']` is the
+  mode's global batch size (when given) and model_fn's `params['use_tpu']` says
+  whether the mode runs on TPU. model_fn may return `TPUEstimatorSpec` or
+  `EstimatorSpec` (tpu_fc's or tensorflow_estimator's).
+  """
+
+  def __init__(self,
+               model_fn=None,
+               model_dir=None,
+               config=None,
+               params=None,
+               use_tpu=True,
+               train_batch_size=None,
+               eval_batch_size=None,
+               predict_batch_size=None,
+               batch_axis=None,
+               eval_on_tpu=True,
+               export_to_tpu=True,
+               export_to_cpu=True,
+               warm_start_from=None,
+               embedding_config_spec=None,
+               export_saved_model_api_version=1):
+    config = tpu_config.coerce_run_config(config)
+    # (TF's enum or 1 / 2; it shapes only the TPU meta graph of an export,
+    # which no TPU here writes.)
+    if getattr(export_saved_model_api_version, 'value',
+               export_saved_model_api_version) not in (1, 2):
+      raise ValueError('export_saved_model_api_version should be 1 or 2; '
+                       'got {}.'.format(export_saved_model_api_version))
+    _check_arguments(config.tpu_config, params, use_tpu, train_batch_size,
+                     eval_batch_size, predict_batch_size, eval_on_tpu,
+                     embedding_config_spec)
+    # Progress is logged by this class's hooks, so, as in TF, the config that
+    # model_fn sees has log_step_count_steps=None.  The emulated TPU turns
+    # Grappler's table-copying rewrite off; with `use_tpu=False` TF's graph
+    # runs with TF's session defaults, so its numbers are TF 2.15's to the bit
+    # (the rewrite also reorders dense arithmetic).
+    self._log_step_count_steps = config.log_step_count_steps
+    config = config.replace(log_step_count_steps=None)
+    if use_tpu:
+      config = config.replace(session_config=run_config.without_table_copy_rewrite(
+          config.session_config or run_config.default_session_config()))
+    super().__init__(model_fn, model_dir, config, params, warm_start_from)
+
+    self._log_every_n_steps, self._log_every_n_secs = _rate_log_cadence(
+        config.tpu_config.iterations_per_loop, self._log_step_count_steps)
+
+    tpu_config_ = config.tpu_config
+    if tpu_config_.num_shards == 1 and tpu_config_.num_cores_per_replica is None:
+      if embedding_config_spec is not None:
+        raise ValueError('Setting TPUConfig.num_shards==1 is unsupported '
+                         'when embedding_config_spec is not None.')
+      tf.compat.v1.logging.warn(
+          'Setting TPUConfig.num_shards==1 is an unsupported behavior. '
+          'Please fix as soon as possible (leaving num_shards as None.)')
+    tf.compat.v1.logging.info('_TPUContext: eval_on_tpu %s', eval_on_tpu)
+    if use_tpu:
+      _warn_if_tpu_unused(config.cluster)
+    if not use_tpu and eval_on_tpu:
+      tf.compat.v1.logging.warn('eval_on_tpu ignored because use_tpu is False.')
+
+    self._use_tpu = use_tpu
+    self._eval_on_tpu = eval_on_tpu
+    self._batch_sizes = {
+        ModeKeys.TRAIN: train_batch_size,
+        ModeKeys.EVAL: eval_batch_size,
+        ModeKeys.PREDICT: predict_batch_size,
+    }
+    # Read by the TPU embedding engine and export only.
+    self._batch_axis = batch_axis
+    self._export_to_tpu = export_to_tpu
+    self._export_to_cpu = export_to_cpu
+    self._embedding_config_spec = embedding_config_spec
+
+  # Export --------------------------------------------------------------------
+
+  def _check_export(self):
+    """TF's check; `export_to_tpu` adds a TPU meta graph only on a TPU system:
+    without one it is skipped (logged)."""
+    if not (self._export_to_cpu or self._export_to_tpu):
+      raise ValueError('One of export_to_cpu and export_to_tpu must be true.')
+    if self._export_to_tpu:
+      tf.compat.v1.logging.warn(
+          'No TPU: export_to_tpu=True writes no TPU meta graph here; the '
+          'SavedModel has the CPU (serving) graph only.')
+
+  def _build_serving_model(self, features):
+    """The PREDICT graph with every embedding looked up on the CPU."""
+    params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
+    params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
+    features = lookup_backends.model_features(
+        self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
+        features, None)
+    with build_context.building(ModeKeys.PREDICT):
+      return to_estimator_spec(self._call_model_fn(
+          features, None, ModeKeys.PREDICT, self.config, params))
+
+  # Training ------------------------------------------------------------------
+
+  def _stop_hooks(self, built, steps, max_steps):
+    """Estimator's, and for an in-graph loop the hook feeding its length."""
+    hooks = super()._stop_hooks(built, steps, max_steps)
+    if hooks and built.loop_iterations is not None:
+      hooks.append(loops.LoopIterationsHook(
+          built.loop_iterations, built.steps_per_run, steps, max_steps))
+    return hooks
+
+  def _with_progress_logging(self, built):
+    """The spec with the hooks logging loss, step and rates, as TF placed them.
+
+    On CPU, exactly TF 2.15's TPUEstimator(use_tpu=False): its rates after
+    the model's hooks and no loss line (it turned Estimator's off).  On the
+    emulated TPU, as
+    TPUEstimator on a TPU: both before the model's hooks, the loss with the
+    step the loop ended at every ceil(log_step_count_steps /
+    iterations_per_loop) loops (every N seconds for an 'Ns' loop).
+    """
+    spec = built.spec
+    hooks = tuple(spec.training_hooks)
+    rates = self._rate_hooks(built.steps_per_run)
+    if self._running_on_cpu(ModeKeys.TRAIN):
+      return spec._replace(training_hooks=hooks + rates)
+    if not rates:
+      return spec
+    every_n_runs = self._log_every_n_steps
+    if every_n_runs is not None:  # loops, whether or not one run makes a loop
+      every_n_runs *= parse_iterations_per_loop(
+          self._config.tpu_config.iterations_per_loop
+      ).value // built.steps_per_run
+    with tf.control_dependencies([spec.train_op]):
+      step = tf.compat.v1.train.get_global_step().read_value()
+    loss_logging = tf.compat.v1.train.LoggingTensorHook(
+        {'loss': spec.loss, 'step': step}, every_n_iter=every_n_runs,
+        every_n_secs=self._log_every_n_secs)
+    return spec._replace(training_hooks=(loss_logging,) + rates + hooks)
+
+  def _rate_hooks(self, steps_per_run):
+    """TPUEstimator's global_step/sec and examples/sec hook, if it logs."""
+    if self._log_every_n_steps is None and self._log_every_n_secs is None:
+      return ()
+    hook = ExamplesPerSecondHook(
+        self._batch_sizes[ModeKeys.TRAIN],
+        every_n_steps=self._log_every_n_steps,
+        every_n_secs=self._log_every_n_secs,
+        output_dir=(self._model_dir if self._config.save_summary_steps and
+                    self._config.is_chief else None))
+    internals.set_steps_per_run(hook, steps_per_run)
+    return (hook,)
+
+  # Evaluation ----------------------------------------------------------------
+
+  def _check_evaluation_steps(self, steps):
+    """TF's checks on a TPU: evaluation needs its steps."""
+    if not self._running_on_cpu(ModeKeys.EVAL):
+      if steps is None:
+        raise ValueError(
+            'Evaluate `steps` must be set on TPU. Cannot be `None`.')
+      check_positive_integer(steps, 'Eval steps')
+
+  # Graphs --------------------------------------------------------------------
+
+  def _build_mode_graph(self, mode, inputs, sync, eval_steps):
+    """The model of `mode`: a plain CPU graph, or the emulated TPU's step,
+    `iterations_per_loop` (training) or all `eval_steps` (evaluation) of them
+    in an in-graph loop when the input gives a new batch each step."""
+    iterations = (self._loop_iterations(mode, eval_steps)
+                  if inputs.next_batch_per_step else 1)
+    if iterations > 1:
+      loop = (loops.training_loop if mode == ModeKeys.TRAIN else
+              loops.evaluation_loop)
+      built = loop(
+          lambda f, l, loop_body: self._build_model(f, l, mode, sync,
+                                                    loop_body),
+          inputs.next_batch_per_step, iterations)
+    else:
+      built = self._build_model(*inputs.next_batch(), mode, sync)
+    # The columns' record of their tables' names was read by the build: it
+    # holds Python objects no checkpoint's meta graph can serialize.
+    naming.forget_recorded_scopes(tf.compat.v1.get_default_graph())
+    return built
+
+  @contextlib.contextmanager
+  def _cluster_training(self, mode):
+    """Estimator's, with the tables split over the ps tasks."""
+    if (mode != ModeKeys.TRAIN or
+        not distributed.is_parameter_server_cluster(self._config)):
+      with super()._cluster_training(mode) as sync:
+        yield sync
+      return
+    spec = self._embedding_config_spec
+    with distributed.partitioned_tables(spec, self._config.num_ps_replicas):
+      if (self._config.sync_replicas and spec is not None and
+          spec.pipeline_execution_with_tensor_core):
+        raise ValueError(
+            'RunConfig(sync_replicas=True) does not support '
+            'pipeline_execution_with_tensor_core=True: its parked table updates '
+            'cannot be aggregated across workers.')
+      with super()._cluster_training(mode) as sync:
+        yield sync
+
+  def _build_model(self, features, labels, mode, sync=None, loop_body=None):
+    """Builds the model for `mode`; returns its `BuiltGraph`.
+
+    `sync`: the `SyncReplicas` through which training updates the tables, or
+    None; `loop_body`: the in-graph loop's, when the model is its body.
+
+    On CPU (use_tpu=False, or eval with eval_on_tpu=False) the model_fn runs as a
+    plain graph, exactly as TF 2.15's TPUEstimator(use_tpu=False).  Otherwise
+    TRAIN and EVAL emulate the TPU (`emulation`), and PREDICT looks up on
+    the CPU, as TPUEstimator's default lookup device does for inference.
+    """
+    config = self.config
+    if self._running_on_cpu(mode):
+      tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
+      with build_context.building(mode), replication.one_replica():
+        return model_fn_lib.BuiltGraph(to_estimator_spec(self._call_model_fn(
+            features, labels, mode, config,
+            self._params_for(mode, use_tpu=False))))
+    backends = self._backends(mode, on_tpu=True)
+    if (mode == ModeKeys.PREDICT and
+        lookup_backends.predicts_in_model_graph(backends)):
+      _check_predict_ids_untransformed(features, self._embedding_config_spec)
+      with build_context.building(mode):
+        return emulation.predict_padded(
+            lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
+                self._call_model_fn(f, labels, mode, config,
+                                    self._params_for(mode, use_tpu=True)))),
+            lookup_backends.model_features(backends, features, None),
+            self._batch_sizes[mode])
+    if mode == ModeKeys.PREDICT:  # looked up by the host engine, one shard
+      params = self._params_for(mode, use_tpu=True)
+      return emulation.predict_padded(
+          lambda f: emulation.build(
+              lambda f, l: self._call_model_fn(f, l, mode, config, params),
+              f, labels, mode, backends, 1, self._batch_sizes[mode]),
+          features, self._batch_sizes[mode])
+    num_shards = self._num_shards()
+    broadcast = self._broadcasts_input()
+    self._check_batch_divisible(mode, 1 if broadcast else num_shards)
+    params = self._params_for(mode, use_tpu=True,
+                              num_shards=1 if broadcast else num_shards)
+    return emulation.build(
+        lambda f, l: self._call_model_fn(f, l, mode, config, params),
+        features, labels, mode, backends, num_shards, self._batch_sizes[mode],
+        broadcast,
+        aggregate_rows=sync.aggregate_rows if sync is not None else None,
+        loop_body=loop_body)
+
+  def _backends(self, mode, on_tpu, serving=False):
+    """The lookup backends of a `mode` graph: the one dispatch of the driver."""
+    return lookup_backends.backends_for(
+        self._embedding_config_spec, mode, on_tpu,
+        partitioned_tables=distributed.is_parameter_server_cluster(
+            self._config), serving=serving)
+
+  def _loop_iterations(self, mode, eval_steps=None):
+    """Steps per session.run on the emulated TPU, in an in-graph loop.
+
+    As on a TPU: training runs TPUConfig.iterations_per_loop steps, evaluation
+    all its `steps`, with the graph's control flow (v1 or v2).  Elsewhere, for
+    a time-based iterations_per_loop ('30s'), or while profiling lookups (the
+    profiler reads each step's ids), or in a ps cluster (each step's variables
+    and tokens go through the ps tasks), one step per run.
+    """
+    spec = self._embedding_config_spec
+    if (mode == ModeKeys.PREDICT or self._running_on_cpu(mode) or
+        distributed.is_parameter_server_cluster(self._config) or
+        (spec is not None and spec.profile_data_directory)):
+      return 1
+    if mode == ModeKeys.EVAL:
+      return eval_steps or 1
+    iterations = parse_iterations_per_loop(
+        self._config.tpu_config.iterations_per_loop)
+    return iterations.value if iterations.unit == 'count' else 1
+
+  def _num_shards(self):
+    """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
+    return self._config.tpu_config.num_shards or 1
+
+  def _check_tpu_batch_size(self, mode):
+    """TF 2.15's checks before input_fn: evaluate and predict on a TPU need
+    their batch size, predict's divisible by the shards."""
+    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
+             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
+    if mode in names and self._batch_sizes[mode] is None:
+      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
+                       'is running on TPU.'.format(*names[mode]))
+    if mode == ModeKeys.PREDICT and not self._broadcasts_input():
+      self._check_batch_divisible(mode, self._num_shards())  # (one predicts)
+
+  def _broadcasts_input(self):
+    """`InputPipelineConfig.BROADCAST`: every shard gets the whole batch."""
+    return (self._config.tpu_config.per_host_input_for_training ==
+            InputPipelineConfig.BROADCAST)
+
+  def _check_batch_divisible(self, mode, num_shards):
+    batch_size = self._batch_sizes[mode]
+    if batch_size is not None and batch_size % num_shards:
+      raise ValueError('{} batch size {} must be divisible by number of '
+                       'replicas {}'.format(
+                           'predict' if mode == ModeKeys.PREDICT else mode,
+                           batch_size, num_shards))
+
+  def _running_on_cpu(self, mode):
+    return not self._use_tpu or (mode == ModeKeys.EVAL and
+                                 not self._eval_on_tpu)
+
+  def _params_for(self, mode, use_tpu=None, num_shards=1):
+    """A fresh copy of params with the mode's batch size (per shard), when given.
+
+    `params['use_tpu']` is set for model_fn calls (use_tpu not None) only, and
+    `params['context']` for model_fn calls on the emulated TPU.
+    """
+    params = copy.deepcopy(self._params)
+    if self._batch_sizes[mode] is not None:
+      estimator.add_item_to_params(params, _BATCH_SIZE_KEY,
+                                   self._batch_sizes[mode] // num_shards)
+    if use_tpu is not None:
+      estimator.add_item_to_params(params, _USE_TPU_KEY, use_tpu)
+    if use_tpu:
+      self._add_tpu_context(params, mode, call_from_input_fn=False)
+    return params
+
+  def _add_tpu_context(self, params, mode, call_from_input_fn):
+    """`params['context']` in emulated TPU training and evaluation, as on a TPU."""
+    if not self._running_on_cpu(mode) and mode != ModeKeys.PREDICT:
+      estimator.add_item_to_params(params, _CONTEXT_KEY, tpu_context.TPUContext(
+          self._num_shards(), call_from_input_fn))
+
+  def _call_input_fn(self, input_fn, mode):
+    """TPUEstimator's checks, then the Estimator's call of input_fn."""
+    if 'params' not in internals.fn_args(input_fn):
+      raise ValueError('input_fn ({}) does not include params argument, '
+                       'required by TPUEstimator to pass batch size as '
+                       'params["batch_size"]'.format(input_fn))
+    if not self._running_on_cpu(mode):
+      self._check_tpu_batch_size(mode)
+    if (mode != ModeKeys.TRAIN and self._running_on_cpu(mode) and
+        self._config.tpu_config.eval_training_input_configuration ==
+        InputPipelineConfig.SLICED):
+      raise ValueError('Invalid TPUConfig `eval_training_input_configuration`'
+                       ' value. SLICED mode only works on use_tpu = True.')
+    return super()._call_input_fn(input_fn, mode)
+
+  def _input_fn_params(self, mode):
+    params = self._params_for(mode)
+    self._add_tpu_context(params, mode, call_from_input_fn=True)
+    return params
+
+  def _check_model_fn_without_params(self):
+    raise ValueError('model_fn ({}) does not include params argument, '
+                     'required by TPUEstimator to pass batch size as '
+                     'params[\'batch_size\']'.format(self._model_fn))
+

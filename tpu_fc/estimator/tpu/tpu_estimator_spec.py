@@ -1,0 +1,177 @@
+"""`TPUEstimatorSpec` of tensorflow-estimator 2.15, and how the driver runs it.
+
+Same fields, defaults, validation and error texts; `to_estimator_spec` also takes
+tensorflow_estimator's own spec namedtuples, so model_fns written against
+`tf.compat.v1.estimator.tpu.TPUEstimatorSpec` run unchanged.
+"""
+import collections
+
+from tpu_fc._tf import tf
+from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator import model_fn
+
+
+class HostCallHook(tf.compat.v1.train.SessionRunHook):
+  """Runs a spec's `host_call` outputs every step (use_tpu=False).
+
+  Initializes the graph's `tf.summary.create_file_writer` writers once the
+  session exists and flushes them at the end, so host_call summaries land in
+  their log directories.
+  """
+
+  def __init__(self, tensors):
+    self.tensors = tensors
+    self._init_ops = None
+    self._flush_ops = None
+
+  def begin(self):
+    self._init_ops = internals.summary_writer_initializer_ops()
+    with tf.device('cpu:0'):
+      self._flush_ops = [
+          tf.raw_ops.FlushSummaryWriter(writer=op.inputs[0])
+          for op in self._init_ops
+      ]
+
+  def after_create_session(self, session, coord):
+    del coord
+    session.run(self._init_ops)
+
+  def before_run(self, run_context):
+    if self.tensors is None:  # run inside an in-graph training loop instead
+      return None
+    return tf.compat.v1.train.SessionRunArgs(self.tensors)
+
+  def end(self, session):
+    session.run(self._flush_ops)
+    return {}
+
+
+def _validate_host_calls(host_calls):
+  """Checks `eval_metrics` / `host_call` pairs (legacy _OutfeedHostCall)."""
+  for name, host_call in host_calls.items():
+    if not isinstance(host_call, (tuple, list)):
+      raise ValueError('{} should be tuple or list'.format(name))
+    if len(host_call) != 2:
+      raise ValueError('{} should have two elements.'.format(name))
+    fn, tensors = host_call
+    if not callable(fn):
+      raise TypeError('{}[0] should be callable.'.format(name))
+    if not isinstance(tensors, (tuple, list, dict)):
+      raise ValueError('{}[1] should be tuple or list, or dict.'.format(name))
+    if isinstance(tensors, (tuple, list)):
+      has_varargs = internals.getfullargspec(fn).varargs is not None
+      fn_args = internals.fn_args(fn)
+      if not has_varargs and len(tensors) != len(fn_args):
+        raise RuntimeError(
+            'In TPUEstimatorSpec.{}, length of tensors {} does not match '
+            'method args of the function, which takes {}.'.format(
+                name, len(tensors), len(fn_args)))
+
+
+def call_host_fn(name, host_call):
+  """Calls a host_call on the host (CPU) with its tensors."""
+  fn, tensors = host_call
+  if isinstance(tensors, (tuple, list)):
+    return fn(*tensors)
+  try:
+    return fn(**tensors)
+  except TypeError as e:
+    tf.compat.v1.logging.warn(
+        'Exception while calling %s: %s. It is likely the tensors '
+        '(%s[1]) do not match the '
+        'function\'s arguments', name, e, name)
+    raise
+
+
+class TPUEstimatorSpec(
+    collections.namedtuple('TPUEstimatorSpec', [
+        'mode', 'predictions', 'loss', 'train_op', 'eval_metrics',
+        'export_outputs', 'scaffold_fn', 'host_call', 'training_hooks',
+        'evaluation_hooks', 'prediction_hooks'
+    ])):
+  """What a TPU model_fn returns (legacy `tf.estimator.tpu.TPUEstimatorSpec`).
+
+  `eval_metrics` and `host_call` are `(fn, tensors)` with tensors a list
+  (positional) or dict (keyword); `scaffold_fn` builds the `Scaffold` on the
+  host.
+  """
+
+  def __new__(cls,
+              mode,
+              predictions=None,
+              loss=None,
+              train_op=None,
+              eval_metrics=None,
+              export_outputs=None,
+              scaffold_fn=None,
+              host_call=None,
+              training_hooks=None,
+              evaluation_hooks=None,
+              prediction_hooks=None):
+    host_calls = {'eval_metrics': eval_metrics, 'host_call': host_call}
+    _validate_host_calls({k: v for k, v in host_calls.items() if v is not None})
+    training_hooks = model_fn.validate_hooks(training_hooks)
+    evaluation_hooks = model_fn.validate_hooks(evaluation_hooks)
+    prediction_hooks = model_fn.validate_hooks(prediction_hooks)
+    train_op = model_fn.validate_train_op(train_op, mode)
+    loss = model_fn.validate_loss(loss, mode)
+    predictions = model_fn.validate_predictions(predictions, mode)
+    export_outputs = model_fn.validate_export_outputs(export_outputs, predictions, mode)
+    return super(TPUEstimatorSpec, cls).__new__(
+        cls,
+        mode=mode,
+        predictions=predictions,
+        loss=loss,
+        train_op=train_op,
+        eval_metrics=eval_metrics,
+        export_outputs=export_outputs,
+        scaffold_fn=scaffold_fn,
+        host_call=host_call,
+        training_hooks=training_hooks,
+        evaluation_hooks=evaluation_hooks,
+        prediction_hooks=prediction_hooks)
+
+  def as_estimator_spec(self):
+    """The `EstimatorSpec` TPUEstimator runs on CPU.
+
+    Calls `eval_metrics`' metric_fn, then `host_call` (run every step by a hook
+    in every mode), then `scaffold_fn`, in that order, in the current graph.
+    """
+    eval_metric_ops = None
+    if self.eval_metrics is not None:
+      eval_metric_ops = call_host_fn('eval_metrics', self.eval_metrics)
+    host_hooks = ()
+    if self.host_call is not None:
+      host_hooks = (HostCallHook(
+          call_host_fn('host_call', self.host_call)),)
+    scaffold = self.scaffold_fn() if self.scaffold_fn else None
+    return model_fn.EstimatorSpec(
+        mode=self.mode,
+        predictions=self.predictions,
+        loss=self.loss,
+        train_op=self.train_op,
+        eval_metric_ops=eval_metric_ops,
+        export_outputs=self.export_outputs,
+        scaffold=scaffold,
+        training_hooks=self.training_hooks + host_hooks,
+        evaluation_hooks=self.evaluation_hooks + host_hooks,
+        prediction_hooks=self.prediction_hooks + host_hooks)
+
+
+def as_tpu_estimator_spec(spec):
+  """A model_fn result as our `TPUEstimatorSpec` (ours or TF's), else None."""
+  if isinstance(spec, TPUEstimatorSpec):
+    return spec
+  if isinstance(spec, model_fn.EstimatorSpec):
+    return None
+  tpu_fields = model_fn.fields_of(spec, TPUEstimatorSpec)
+  return None if tpu_fields is None else TPUEstimatorSpec(**tpu_fields)
+
+
+def to_estimator_spec(spec):
+  """The `EstimatorSpec` to run for a model_fn result: a `TPUEstimatorSpec`
+  (ours or TF's) as TPUEstimator runs it on the CPU, else an `EstimatorSpec`."""
+  tpu_spec = as_tpu_estimator_spec(spec)
+  if tpu_spec is not None:
+    return tpu_spec.as_estimator_spec()
+  return model_fn.to_estimator_spec(spec)
