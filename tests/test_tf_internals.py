@@ -39,7 +39,7 @@ def test_only_the_internals_module_imports_tensorflow_internals():
 
 
 PUBLIC = sorted(name for name in vars(internals)
-                if not name.startswith('_') and name != 'tf')
+                if not name.startswith('_') and name not in ('tf', 'contextlib'))
 
 
 @pytest.mark.parametrize('name', PUBLIC)
@@ -60,6 +60,25 @@ OVERRIDDEN = [
                          ids=['{}.{}'.format(c.__name__, m) for c, m in OVERRIDDEN])
 def test_overridden_private_methods_exist(cls, method):
   assert callable(getattr(cls, method))
+
+
+# The TF attributes tpu_fc replaces while building a graph (`replaced`).
+REPLACED = [
+    (internals.tpu_ops_module, 'cross_replica_sum'),
+    (tf.compat.v1.tpu, 'cross_replica_sum'),
+    (tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients'),
+    (internals.Optimizer, 'apply_gradients'),
+]
+
+
+@pytest.mark.parametrize('owner, name', REPLACED,
+                         ids=['{}.{}'.format(o.__name__, n) for o, n in REPLACED])
+def test_replaced_attributes_exist_and_come_back(owner, name):
+  original = getattr(owner, name)
+  assert callable(original)
+  with internals.replaced(owner, name, len):
+    assert getattr(owner, name) is len
+  assert getattr(owner, name) is original
 
 
 def test_graph_and_op_helpers_on_real_objects():

@@ -8,6 +8,8 @@ read, only here, so a TF upgrade that moves one fails in this one named place
 (`tests/test_tf_internals.py` checks each on both lanes); the rest of tpu_fc
 uses the names below.
 """
+import contextlib
+
 from tpu_fc._tf import tf  # noqa: F401  (TF must be imported via tpu_fc._tf)
 
 # pylint: disable=g-direct-tensorflow-import,protected-access,unused-import
@@ -60,6 +62,27 @@ get_or_create_eval_step = evaluation._get_or_create_eval_step
 summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
 # The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
 Optimizer = optimizer_lib.Optimizer
+
+
+@contextlib.contextmanager
+def replaced(owner, name, value):
+  """`owner.name` is `value` inside, TF's own again outside.
+
+  The one way tpu_fc replaces a TF attribute, each only while it builds a
+  graph, where TF has no hook for what it needs: an emulated TPU's
+  `cross_replica_sum` (`tpu_ops.cross_replica_sum`, `tf.compat.v1.tpu.
+  cross_replica_sum`) and `CrossShardOptimizer.apply_gradients` (summing
+  across shards built one after another, `estimator/tpu/replication.py`), and
+  `Optimizer.apply_gradients` for synchronous replicas
+  (`estimator/distributed.py`).  `tests/test_tf_internals.py` checks each
+  exists on both lanes.
+  """
+  original = getattr(owner, name)
+  setattr(owner, name, value)
+  try:
+    yield
+  finally:
+    setattr(owner, name, original)
 
 
 def set_steps_per_run(step_counter_hook, steps_per_run):

@@ -286,11 +286,9 @@ class SyncReplicas:
                                    global_step, name)
 
     self._create_local_step()  # before any model variable: shards replay those
-    internals.Optimizer.apply_gradients = apply_gradients
-    try:
+    with internals.replaced(internals.Optimizer, 'apply_gradients',
+                            apply_gradients):
       yield
-    finally:
-      internals.Optimizer.apply_gradients = original
 
   def train_op(self, train_op, global_step, is_chief):
     """The task's train op, and the hook that runs the chief's side; call after building."""

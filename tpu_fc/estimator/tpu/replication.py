@@ -170,16 +170,6 @@ def _apply_gradients_summing_rows(sum_rows):
 
 
 @contextlib.contextmanager
-def _replaced(owner, name, value):
-  original = getattr(owner, name)
-  setattr(owner, name, value)
-  try:
-    yield
-  finally:
-    setattr(owner, name, original)
-
-
-@contextlib.contextmanager
 def _collections_of(graph, shard, first_built):
   """Keeps shard 0's per-replica entries and the first-built shard's names."""
   before = {key: list(graph.get_collection(key))
@@ -276,9 +266,9 @@ def one_replica():
   builds a `CrossReplicaSum` op, which has no CPU kernel: the step fails.  Here
   it is the identity, so a model_fn written for TPUs trains with use_tpu=False.
   """
-  with _replaced(internals.tpu_ops_module, 'cross_replica_sum', _sum_over_one_replica), \
-      _replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica), \
-      _replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
+  with internals.replaced(internals.tpu_ops_module, 'cross_replica_sum', _sum_over_one_replica), \
+      internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica), \
+      internals.replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
                 _apply_gradients_summing_rows(lambda rows: rows)):
     yield
 
@@ -297,9 +287,9 @@ def replicate(build_shard, num_shards, shared_table_creators=()):
   sums = _CrossShardSums(num_shards)
   results = {}
   with internals.tpu_shard_context(num_shards), \
-      _replaced(internals.tpu_ops_module, 'cross_replica_sum', sums), \
-      _replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
-      _replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
+      internals.replaced(internals.tpu_ops_module, 'cross_replica_sum', sums), \
+      internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
+      internals.replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
                 _apply_gradients_summing_rows(sums.rows)), \
       _creator_scope_on_every_graph(graph, variables.creator), \
       _unpartitioned_variables():
