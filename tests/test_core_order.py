@@ -217,15 +217,56 @@ def _reference_step(optimizer, num_shards):
     (setting, name) for setting in sorted(OPTIMIZERS)
     for name in sorted(OPTIMIZERS[setting])])
 def test_every_optimizer_on_several_cores(tmp_path, setting, name, num_shards):
-  """The estimator's step is the reference's for the setting; unless the
-  rule is linear in g (SGD), the other setting's numbers are out of bound."""
+  """The emulated estimator applies the setting's rule."""
   optimizer = OPTIMIZERS[setting][name]
   table, estimator = _trained(tmp_path, setting, name, num_shards)
-  slots = {slot: estimator.get_variable_value('{}/{}'.format(TABLE, suffix))
-           for suffix, slot in optimizer.SLOTS}
-  _reference_step(optimizer, num_shards).assert_matches(table, slots)
+  _assert_the_setting_applied(
+      setting, name, num_shards, table,
+      {slot: estimator.get_variable_value('{}/{}'.format(TABLE, suffix))
+       for suffix, slot in optimizer.SLOTS})
+
+
+def _assert_the_setting_applied(setting, name, num_cores, table, slots):
+  """The step is the reference's for the setting; unless the rule is linear
+  in g (SGD), the other setting's numbers are out of bound."""
+  _reference_step(OPTIMIZERS[setting][name], num_cores).assert_matches(
+      table, slots)
   other = OPTIMIZERS['per_core' if setting == 'summed' else 'summed'].get(name)
   if name == 'sgd' or other is None:  # linear, or no other setting
     return
   with pytest.raises(AssertionError, match=helpers.BEYOND_BOUND):
-    _reference_step(other, num_shards).assert_matches(table, slots)
+    _reference_step(other, num_cores).assert_matches(table, slots)
+
+
+MID_LEVEL_CASES = [(setting, name, cores)
+                   for setting in sorted(OPTIMIZERS)
+                   for name in ('sgd', 'adagrad', 'adam', 'adam_non_lazy',
+                                'ftrl')
+                   if name in OPTIMIZERS[setting]
+                   for cores in (2, 8)]
+
+
+@pytest.mark.parametrize('setting, name, cores', MID_LEVEL_CASES,
+                         ids=['-'.join(map(str, c)) for c in MID_LEVEL_CASES])
+def test_mid_level_on_several_cores(setting, name, cores):
+  """`mid_level.TPUEmbedding(num_cores=...)` applies the setting's rule, on
+  the estimator's scenario (each id of an example gets its example's
+  gradient)."""
+  optimizer = OPTIMIZERS[setting][name]
+  examples, example_gradients = SCENARIOS[cores]
+  embedding_api = tf.tpu.experimental.embedding
+  table = embedding_api.TableConfig(
+      vocabulary_size=VOCAB, dim=DIM, combiner='sum', name='x',
+      initializer=tf.constant_initializer(START))
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      {'x': embedding_api.FeatureConfig(table=table)},
+      optimizer.to_mid_level(), num_cores=cores)
+  embedding.enqueue({'x': tf.ragged.constant(examples, tf.int64).to_sparse()})
+  embedding.dequeue()
+  embedding.apply_gradients({'x': tf.constant(
+      [[g] * DIM for g in example_gradients], tf.float32)})
+  variables = embedding._variables['x']  # pylint: disable=protected-access
+  _assert_the_setting_applied(
+      setting, name, cores, variables['parameters'].numpy(),
+      {slot: variable.numpy() for slot, variable in variables.items()
+       if slot != 'parameters'})
