@@ -66,7 +66,13 @@ class _OptimizationParameters:
       raise ValueError('When using gradient clipping limits, gradient  '
                        'accumulation must be enabled.')
 
-  def _freeze(self):
+  def _keep(self, arguments, **derived):
+    """Stores a subclass constructor's own arguments (its `locals()` less the
+    common ones) and `derived` fields, in that order, then freezes."""
+    own = {name: value for name, value in arguments.items()
+           if name not in _COMMON_FIELDS + ('self', '__class__')}
+    for name, value in dict(own, **derived).items():
+      object.__setattr__(self, name, value)
     object.__setattr__(self, '_frozen', True)
 
   def __setattr__(self, name, value):
@@ -146,7 +152,7 @@ class StochasticGradientDescentParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self._freeze()
+    self._keep(locals())
 
   def to_mid_level(self, learning_rate=None):
     return tf.tpu.experimental.embedding.SGD(
@@ -166,8 +172,7 @@ class AdagradParameters(_OptimizationParameters):
     if initial_accumulator <= 0:
       raise ValueError(f'Adagrad initial_accumulator must be greater than zero. '
                        f'Received: {initial_accumulator}.')
-    self.initial_accumulator = initial_accumulator
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator}
@@ -200,10 +205,7 @@ class ProximalAdagradParameters(_OptimizationParameters):
                        f'Received: {initial_accumulator}.')
     _check_non_negative('l1_regularization_strength', l1_regularization_strength)
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
-    self.initial_accumulator = initial_accumulator
-    self.l1_regularization_strength = l1_regularization_strength
-    self.l2_regularization_strength = l2_regularization_strength
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator}
@@ -226,12 +228,7 @@ class AdamParameters(_OptimizationParameters):
     if not use_gradient_accumulation and not lazy_adam:
       raise ValueError(
           'When disabling Lazy Adam, gradient accumulation must be used.')
-    self.beta1 = beta1
-    self.beta2 = beta2
-    self.epsilon = epsilon
-    self.lazy_adam = lazy_adam
-    self.sum_inside_sqrt = sum_inside_sqrt
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'momenta': 0.0, 'velocities': 0.0}
@@ -267,15 +264,7 @@ class FtrlParameters(_OptimizationParameters):
                        ' to 0. got {}.'.format(initial_accumulator_value))
     _check_non_negative('l1_regularization_strength', l1_regularization_strength)
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
-    self.learning_rate_power = learning_rate_power
-    self.initial_accumulator_value = initial_accumulator_value
-    self.initial_linear_value = 0.0
-    self.l1_regularization_strength = l1_regularization_strength
-    self.l2_regularization_strength = l2_regularization_strength
-    self.multiply_linear_by_learning_rate = multiply_linear_by_learning_rate
-    self.beta = beta
-    self.allow_zero_accumulator = allow_zero_accumulator
-    self._freeze()
+    self._keep(locals(), initial_linear_value=0.0)
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator_value,
@@ -315,9 +304,7 @@ class MomentumParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self.momentum = momentum
-    self.use_nesterov = use_nesterov
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'momenta': 0.0}
@@ -339,10 +326,7 @@ class RMSPropParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self.rho = rho
-    self.momentum = momentum
-    self.epsilon = epsilon
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'ms': 0.0, 'mom': 0.0}
@@ -364,12 +348,7 @@ class AdagradMomentumParameters(_OptimizationParameters):
       raise ValueError('Adagrad momentum: epsilon must be positive')
     if exponent <= 0:
       raise ValueError('Adagrad momentum: Precondition exponent must >0')
-    self.momentum = momentum
-    self.use_nesterov = use_nesterov
-    self.exponent = exponent
-    self.beta2 = beta2
-    self.epsilon = epsilon
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'accumulators': 0.0, 'momenta': 0.0}
@@ -405,13 +384,7 @@ class ProximalYogiParameters(_OptimizationParameters):
     _check_epsilon(epsilon)
     _check_non_negative('l1_regularization_strength', l1_regularization_strength)
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
-    self.beta1 = beta1
-    self.beta2 = beta2
-    self.epsilon = epsilon
-    self.l1_regularization_strength = l1_regularization_strength
-    self.l2_regularization_strength = l2_regularization_strength
-    self.initial_accumulator_value = initial_accumulator_value
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'velocities': self.initial_accumulator_value, 'momenta': 0.0}
@@ -442,11 +415,7 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
         learning_rate=1.0, use_gradient_accumulation=True, clip_weight_min=None,
         clip_weight_max=None, weight_decay_factor=None,
         multiply_weight_decay_factor_by_learning_rate=None)
-    self.tau = tau
-    self.max_delta = max_delta
-    self.outlier_threshold = outlier_threshold
-    self.weight_exponent = weight_exponent
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'last_hit_step': 0.0}
