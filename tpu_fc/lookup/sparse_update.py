@@ -12,9 +12,10 @@ Each stage is built only when configured.  Rules run on TF's sparse training
 kernels wherever their arithmetic is the reference's (fast, in place, exact up
 to float32 rounding); the rest (Adam, AdagradMomentum, ProximalYogi and
 FrequencyEstimator, which no TF kernel computes) gather the rows, apply the
-reference formulas and scatter the rows back.  Nothing reads a whole table (or slot) except non-lazy
-Adam, which by definition updates every row: once a resource variable has had a
-sparse access every dense read copies the whole buffer (PERFORMANCE_NOTES).
+reference formulas and scatter the rows back.  Nothing reads a whole table (or
+slot) except non-lazy Adam, which by definition updates every row: once a
+resource variable has had a sparse access every dense read copies the whole
+buffer (PERFORMANCE_NOTES).
 
 Where a kernel departs from the reference it is not used:
 * `ResourceSparseApplyProximalAdagrad` rejects `lr <= 0` (InvalidArgument),
