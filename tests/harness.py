@@ -14,6 +14,7 @@ import numpy as np
 
 import helpers
 import tpu_fc
+from tpu_fc import optimizers
 from tpu_fc import reference
 from tpu_fc._tf import tf
 
@@ -43,7 +44,16 @@ EMBEDDING_OPTIMIZERS = {
     'momentum': tpu_fc.MomentumParameters(LR, momentum=0.9),
     'rms_prop': tpu_fc.RMSPropParameters(LR, rho=0.9, momentum=0.5,
                                          epsilon=0.1),
+    # (the hyperparameters of TF's TPU test of the mid-level AdagradMomentum)
+    'adagrad_momentum': tpu_fc.AdagradMomentumParameters(
+        LR, momentum=0.9, use_nesterov=True, exponent=3.0, beta2=0.9,
+        epsilon=0.1),
 }
+# Those TF 2.15's spec takes with feature columns (`estimator` makes such a
+# spec); its engine takes the others from dict configs only.
+COLUMN_OPTIMIZERS = tuple(
+    name for name, params in EMBEDDING_OPTIMIZERS.items()
+    if isinstance(params, optimizers.SUPPORTED_OPTIMIZERS))
 # TF1 optimizer -> the reference rule its sparse update is.
 MODEL_OPTIMIZERS = {
     'sgd': (lambda: tf.compat.v1.train.GradientDescentOptimizer(LR),
@@ -101,7 +111,11 @@ def loss_of(activation, squared=False):
 def model_fn_of(model_optimizer, driver=tpu_fc, squared=False):
   def model_fn(features, labels, mode, params):
     del labels
-    net = tf.compat.v1.keras.layers.DenseFeatures([params['column']])(features)
+    if params.get('column') is None:  # dict configs: the engine's activation
+      net = features['ids']
+    else:
+      net = tf.compat.v1.keras.layers.DenseFeatures([params['column']])(
+          features)
     loss = loss_of(net, squared)
     optimizer = model_optimizer()
     if params['use_tpu']:
@@ -142,6 +156,18 @@ def tf_estimator(model_dir, optimizer_name):
           num_shards=NUM_SHARDS, iterations_per_loop=2)))
 
 
+def in_dicts(path, optimizer_name):
+  """Whether `estimator` declares the table in dict configs: the embedding
+  core's table of an optimizer the column spec refuses."""
+  return path == 'embedding_core' and optimizer_name not in COLUMN_OPTIMIZERS
+
+
+def table_variable(path, optimizer_name):
+  """The checkpoint name of `estimator`'s table: the column's (TABLE), or
+  its key in the dict configs."""
+  return 'ids' if in_dicts(path, optimizer_name) else TABLE
+
+
 def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
               pipelined=False, squared=False, profile_data_directory=None):
   """The estimator of `path`, its table trained by `optimizer_name`'s rule
@@ -150,12 +176,22 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
   model_optimizer = MODEL_OPTIMIZERS.get(
       optimizer_name, MODEL_OPTIMIZERS['sgd'])[0]
   spec = None
-  if path != 'cpu':
+  options = dict(pipeline_execution_with_tensor_core=pipelined,
+                 profile_data_directory=profile_data_directory)
+  if in_dicts(path, optimizer_name):
+    col = None
+    spec = tpu_fc.EmbeddingConfigSpec(
+        feature_to_config_dict={'ids': tpu_fc.FeatureConfig('ids')},
+        table_to_config_dict={'ids': tpu_fc.TableConfig(
+            VOCAB, DIM, combiner='mean',
+            initializer=tf.compat.v1.constant_initializer(START))},
+        optimization_parameters=EMBEDDING_OPTIMIZERS[optimizer_name],
+        **options)
+  elif path != 'cpu':
     spec = tpu_fc.EmbeddingConfigSpec(
         feature_columns=[col], optimization_parameters=EMBEDDING_OPTIMIZERS[
             optimizer_name if path == 'embedding_core' else 'sgd'],
-        pipeline_execution_with_tensor_core=pipelined,
-        profile_data_directory=profile_data_directory)
+        **options)
   return tpu_fc.TPUEstimator(
       model_fn=model_fn_of(model_optimizer, squared=squared),
       use_tpu=path != 'cpu',
@@ -168,8 +204,8 @@ def estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
 
 
 # The spec's optimizers that have a `tf.tpu.experimental.embedding` twin.
-MID_LEVEL_OPTIMIZERS = ('adagrad', 'adam', 'adam_non_lazy', 'adam_per_core',
-                        'ftrl', 'sgd')
+MID_LEVEL_OPTIMIZERS = ('adagrad', 'adagrad_momentum', 'adam', 'adam_non_lazy',
+                        'adam_per_core', 'ftrl', 'sgd')
 
 
 def mid_level_embedding(optimizer_name, num_cores, pipelined=False):

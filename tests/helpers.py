@@ -128,6 +128,40 @@ def _rms_prop_magnitudes(p, x, m, lr):
           'table': m['table'] + mom}
 
 
+def _adagrad_momentum_magnitudes(p, x, m, lr):
+  # (a + ε)^(-1/k) errs relatively as a does, times 1/k (<= 1 in the tests).
+  if p.beta2 == 1:
+    a = x['accumulators'] + x['g'] ** 2
+    accumulators = m['accumulators'] + m['g'] ** 2
+  else:
+    a = p.beta2 * x['accumulators'] + (1 - p.beta2) * x['g'] ** 2
+    accumulators = (abs(p.beta2) * m['accumulators'] +
+                    abs(1 - p.beta2) * m['g'] ** 2)
+  scaled = m['g'] * (a + p.epsilon) ** (-1 / p.exponent)
+  momenta = abs(p.momentum) * m['momenta'] + scaled
+  step = abs(p.momentum) * momenta + scaled if p.use_nesterov else momenta
+  return {'accumulators': accumulators, 'momenta': momenta,
+          'table': m['table'] + lr * step}
+
+
+def _proximal_yogi_magnitudes(p, x, m, lr):
+  g2 = x['g'] ** 2
+  v = x['velocities'] + (1 - p.beta2) * np.sign(g2 - x['velocities']) * g2
+  rate = lr / (np.sqrt(v) + p.epsilon)
+  momenta = p.beta1 * m['momenta'] + (1 - p.beta1) * m['g']
+  return {'momenta': momenta,
+          'velocities': m['velocities'] + (1 - p.beta2) * m['g'] ** 2,
+          'table': (m['table'] + rate * (momenta + p.l1_regularization_strength))
+                   / (1 + rate * p.l2_regularization_strength)}
+
+
+def _frequency_estimator_magnitudes(p, x, m, lr):
+  del x
+  delta = lr + m['last_hit_step']
+  return {'last_hit_step': np.full_like(m['last_hit_step'], lr),
+          'table': m['table'] * abs(1 - p.tau) + delta * (1 + abs(p.tau))}
+
+
 # (params, x = values before the step, m = their magnitudes, lr) -> magnitudes
 # after it: each rule of tpu_fc.reference with every term taken by magnitude.
 # x and m hold the updated rows of 'table', each slot and the summed 'g'.
@@ -139,6 +173,9 @@ _MAGNITUDES = {
     'ProximalAdagradParameters': _proximal_adagrad_magnitudes,
     'MomentumParameters': _momentum_magnitudes,
     'RMSPropParameters': _rms_prop_magnitudes,
+    'AdagradMomentumParameters': _adagrad_momentum_magnitudes,
+    'ProximalYogiParameters': _proximal_yogi_magnitudes,
+    'FrequencyEstimatorParameters': _frequency_estimator_magnitudes,
 }
 
 
@@ -276,6 +313,9 @@ _ANY_RULE = [
     ('gradient_negated', 'g, lr):\n', 'g, lr):\n  g = -g\n'),
     ('rate_0.1%_high', 'g, lr):\n', 'g, lr):\n  lr = lr * _F32(1.001)\n'),
 ]
+# Rules that do not read the gradient (it should be zero), for which the
+# gradient's sign is no bug.
+_READS_NO_GRADIENT = ('FrequencyEstimatorParameters',)
 WRONG_RULES = {
     'StochasticGradientDescentParameters': [],
     'AdagradParameters': [('accumulates_abs_g', 'g * g', 'np.abs(g)')],
@@ -291,6 +331,32 @@ WRONG_RULES = {
                             '-mu * slots')],
     'RMSPropParameters': [('epsilon_dropped', 'np.sqrt(ms + eps)',
                            'np.sqrt(ms)')],
+    'AdagradMomentumParameters': [
+        # optimization_parameters.proto's text read literally: the momentum
+        # of (a + ε)^(-1/k) alone, times g in the update.
+        ('momentum_of_the_preconditioner_alone',
+         "scaled = g * np.power(a + eps, -(_ONE / k))\n"
+         "  m = mu * slots['momenta'] + scaled\n"
+         "  step = mu * m + scaled if params.use_nesterov else m\n"
+         "  return w - lr * step,",
+         "scaled = np.power(a + eps, -(_ONE / k))\n"
+         "  m = mu * slots['momenta'] + scaled\n"
+         "  step = mu * m + scaled if params.use_nesterov else m\n"
+         "  return w - lr * g * step,"),
+        ('preconditioned_by_the_old_accumulator', 'np.power(a + eps',
+         "np.power(slots['accumulators'] + eps")],
+    'ProximalYogiParameters': [
+        ('velocities_as_adams',
+         "slots['velocities'] + (_ONE - b2) * np.sign(g2 - slots['velocities'])"
+         " * g2", "b2 * slots['velocities'] + (_ONE - b2) * g2"),
+        ('gradient_step_by_g_not_m', 'w - lr_t * m', 'w - lr_t * g')],
+    'FrequencyEstimatorParameters': [
+        ('tau_weights_swapped', 'w * (_ONE - tau) + clipped * tau',
+         'w * tau + clipped * (_ONE - tau)'),
+        ('delta_not_clipped', 'np.minimum(delta, max_delta)', 'delta'),
+        ('outliers_not_reset', 'np.where(outlier,', 'np.where(False,'),
+        ('last_hit_step_kept', "np.full_like(w, lr)",
+         "slots['last_hit_step']")],
 }
 
 
@@ -312,7 +378,10 @@ def surviving_wrong_rules(monkeypatch, params, compare):
   name = type(params).__name__
   optimizer = reference._OPTIMIZERS[name]  # pylint: disable=protected-access
   survivors = []
-  for label, text, wrong_text in _ANY_RULE + WRONG_RULES[name]:
+  any_rule = [rule for rule in _ANY_RULE
+              if not (rule[0] == 'gradient_negated' and
+                      name in _READS_NO_GRADIENT)]
+  for label, text, wrong_text in any_rule + WRONG_RULES[name]:
     with monkeypatch.context() as patch:
       patch.setitem(reference._OPTIMIZERS, name,  # pylint: disable=protected-access
                     optimizer._replace(rule=_edited(optimizer.rule, text,

@@ -51,7 +51,10 @@ def make_spec(optimizer=OPTIMIZERS['adagrad'], a_vocabulary=10):
 
 
 def model_fn(features, labels, mode, params):
-  net = tf.keras.layers.DenseFeatures(params['columns'])(features)
+  if params.get('activations'):  # a dict-configured spec's
+    net = tf.concat([features[name] for name in params['activations']], 1)
+  else:
+    net = tf.keras.layers.DenseFeatures(params['columns'])(features)
   if params.get('partitioned'):
     with tf.compat.v1.variable_scope(
         'input', partitioner=tf.compat.v1.fixed_size_partitioner(2)):
@@ -361,6 +364,100 @@ def test_optimizers_without_a_mid_level_twin_are_refused(optimizer, tmp_path):
   with pytest.raises(NotImplementedError, match='has no twin'):
     conversion.to_mid_level_checkpoint(make_spec(optimizer), str(tmp_path),
                                        str(tmp_path / 'x'))
+
+
+# The optimizers TF 2.15's engine takes from dict configs only.
+DICT_OPTIMIZERS = {
+    'adagrad_momentum': tpu_fc.AdagradMomentumParameters(0.1, momentum=0.9,
+                                                         use_nesterov=True),
+    'proximal_yogi': tpu_fc.ProximalYogiParameters(
+        0.1, l1_regularization_strength=0.01),
+    'frequency_estimator': tpu_fc.FrequencyEstimatorParameters(
+        tau=0.1, max_delta=10.0, outlier_threshold=2.0, weight_exponent=1.0),
+}
+
+
+def make_dict_spec(optimizer):
+  """Features a and b in dict-configured tables 'ta' and 'tb' (of dimension
+  1 for a FrequencyEstimator)."""
+  dim = 1 if isinstance(optimizer, tpu_fc.FrequencyEstimatorParameters) else 3
+  return tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'a': tpu_fc.FeatureConfig('ta'),
+                              'b': tpu_fc.FeatureConfig('tb')},
+      table_to_config_dict={'ta': tpu_fc.TableConfig(10, dim),
+                            'tb': tpu_fc.TableConfig(7, dim)},
+      optimization_parameters=optimizer)
+
+
+@pytest.fixture(scope='module', params=sorted(DICT_OPTIMIZERS))
+def trained_dict(request, tmp_path_factory):
+  """(spec, legacy model_dir) of a dict-configured spec per optimizer."""
+  spec = make_dict_spec(DICT_OPTIMIZERS[request.param])
+  model_dir = tmp_path_factory.mktemp('dict_' + request.param)
+  train(model_dir, spec, activations=['a', 'b'])
+  return spec, model_dir
+
+
+def test_inspect_names_the_dict_only_optimizers(trained_dict, capsys):
+  """Their tables (named by the dicts) hold the slots under TF 2.15's
+  engine's names, and `tpu-fc inspect` names the optimizer."""
+  spec, model_dir = trained_dict
+  params = spec.optimization_parameters
+  name = type(params).__name__[:-len('Parameters')]
+  cli.main(['inspect', str(model_dir), '--json'])
+  report = json.loads(capsys.readouterr().out)
+  tables = {t['name']: t for t in report['tables']}
+  assert sorted(tables) == ['ta', 'tb']
+  dim = 1 if name == 'FrequencyEstimator' else 3
+  suffixes = {  # TF 2.15's `_*Handler.get_default_slot_variable_names`
+      'AdagradMomentum': ['AdagradMomentum/Accumulator',
+                          'AdagradMomentum/Momentum'],
+      'ProximalYogi': ['ProximalYogi', 'ProximalYogi_1'],
+      'FrequencyEstimator': ['FrequencyEstimator']}[name]
+  assert tables['ta'] == {
+      'name': 'ta', 'shape': [10, dim], 'optimizer': name + ' (TPU embedding)',
+      'slots': {suffix: [10, dim] for suffix in suffixes}}
+  if params._NO_MID_LEVEL_TWIN:  # pylint: disable=protected-access
+    with pytest.raises(NotImplementedError, match='has no twin'):
+      conversion.to_mid_level_checkpoint(spec, str(model_dir),
+                                         str(model_dir / 'x'))
+
+
+@pytest.mark.parametrize('trained_dict', ['adagrad_momentum'], indirect=True)
+def test_adagrad_momentum_slots_convert_both_ways(trained_dict, tmp_path,
+                                                  capsys):
+  """Legacy `<table>/AdagradMomentum/Accumulator` and `/Momentum` are the
+  mid-level `accumulators` and `momenta` of TF's own TPUEmbedding, and back."""
+  spec, model_dir = trained_dict
+  legacy = checkpoint_values(model_dir)
+  mid_level = conversion.to_mid_level_checkpoint(spec, str(model_dir),
+                                                 str(tmp_path / 'mid'))
+  config = spec.to_mid_level()
+  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
+      config.feature_config, config.optimizer)
+  status = tf.train.Checkpoint(embedding=embedding).read(mid_level)
+  embedding.build()
+  status.assert_existing_objects_matched()
+  variables = embedding._variables  # pylint: disable=protected-access
+  for table in ('ta', 'tb'):
+    assert sorted(variables[table]) == ['accumulators', 'momenta', 'parameters']
+    np.testing.assert_array_equal(variables[table]['parameters'].numpy(),
+                                  legacy[table])
+    for suffix, slot in (('AdagradMomentum/Accumulator', 'accumulators'),
+                         ('AdagradMomentum/Momentum', 'momenta')):
+      np.testing.assert_array_equal(variables[table][slot].numpy(),
+                                    legacy['{}/{}'.format(table, suffix)],
+                                    err_msg=slot)
+      assert np.any(legacy['{}/{}'.format(table, suffix)] != 0), slot  # trained
+  cli.main(['inspect', mid_level])
+  assert 'ta  [10, 3]  optimizer: AdagradMomentum' in capsys.readouterr().out
+  back = conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'back'))
+  converted = checkpoint_values(back)
+  original = {name: value for name, value in legacy.items()
+              if not name.startswith(naming.DUMMY_VARIABLE_PREFIX)}
+  assert sorted(converted) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(converted[name], value, err_msg=name)
 
 
 def test_wrong_direction_and_missing_checkpoint_are_refused(trained, tmp_path):

@@ -22,7 +22,7 @@ from tpu_fc.lookup import backends
 
 CASES = [(path, kind, name)
          for path in harness.PATHS for kind in harness.INPUT_KINDS
-         for name in (sorted(harness.EMBEDDING_OPTIMIZERS)
+         for name in (sorted(harness.COLUMN_OPTIMIZERS)
                       if path == 'embedding_core' else
                       sorted(harness.MODEL_OPTIMIZERS))]
 

@@ -57,6 +57,12 @@ SLOT_SUFFIX = {
     'MomentumParameters': {'momenta': 'Momentum'},
     'RMSPropParameters': {'ms': 'RMSProp/ms', 'mom': 'RMSProp/mom'},
     'ProximalAdagradParameters': {'accumulators': 'ProximalAdagrad'},
+    # TF 2.15's `_*Handler.get_default_slot_variable_names` (dict configs).
+    'AdagradMomentumParameters': {'accumulators': 'AdagradMomentum/Accumulator',
+                                  'momenta': 'AdagradMomentum/Momentum'},
+    'ProximalYogiParameters': {'velocities': 'ProximalYogi',
+                               'momenta': 'ProximalYogi_1'},
+    'FrequencyEstimatorParameters': {'last_hit_step': 'FrequencyEstimator'},
 }
 
 
@@ -559,6 +565,120 @@ def test_gradient_multiplier_fn_scales_every_embedding_gradient(tmp_path):
   table.step({'a': c / NS}, 0.1, multiplier=4.0)
   table.check(estimator, 3)
   check_bias(estimator, c, 3, 1.0 / NS)  # the model's gradients are unscaled
+
+
+# Dict configs: the optimizers TF 2.15's engine takes and its column spec
+# refuses (with TF 2.15's own classes on the legacy lane), per table or for the
+# spec.  The model reads the activation `features['a']` directly.
+
+if tf.__version__.startswith('2.15'):
+  from tensorflow.python.tpu import tpu_embedding as tf_legacy  # pylint: disable=g-import-not-at-top
+else:
+  tf_legacy = None
+CLASSES = ['tpu_fc', pytest.param('tf_2_15', marks=pytest.mark.skipif(
+    tf_legacy is None, reason="TF 2.15's classes"))]
+
+
+def dict_spec(classes, params, where, dim=D, learning_rate_fn=None):
+  """Feature 'a' of table 't' (init_table(11)), trained by `params` given
+  `where` ('table' or 'spec'), with `classes`' configs."""
+  configs = tpu_fc if classes == 'tpu_fc' else tf_legacy
+  table = configs.TableConfig(
+      V, dim, combiner='sum', initializer=const_init(init_table(11)[:, :dim]),
+      learning_rate_fn=learning_rate_fn,
+      optimization_parameters=params if where == 'table' else None)
+  return tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'a': configs.FeatureConfig('t')},
+      table_to_config_dict={'t': table},
+      optimization_parameters=(
+          params if where == 'spec' else
+          configs.StochasticGradientDescentParameters(1.0)))
+
+
+def dict_model_fn(stop_gradient=False):
+  """`sum((features['a'] + bias) * c)`; `stop_gradient`: no embedding
+  gradient (a FrequencyEstimator table's)."""
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    net = features['a']
+    if stop_gradient:
+      net = tf.stop_gradient(net)
+    bias = tf.compat.v1.get_variable('bias', [net.shape[-1]],
+                                     initializer=const_init(BIAS0))
+    loss = tf.reduce_sum((net + bias) * features['c'])
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+        tf.compat.v1.train.GradientDescentOptimizer(MODEL_LR))
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+        loss, global_step=tf.compat.v1.train.get_global_step()))
+
+  return model_fn
+
+
+DICT_ONLY = {
+    # The hyperparameters of TF's TPU test of the mid-level AdagradMomentum.
+    'AdagradMomentumParameters': dict(learning_rate=0.1, momentum=0.9,
+                                      use_nesterov=True, exponent=3.0,
+                                      beta2=0.9, epsilon=0.1),
+    'ProximalYogiParameters': dict(learning_rate=0.1, beta1=0.5,
+                                   l1_regularization_strength=0.01,
+                                   l2_regularization_strength=0.02,
+                                   initial_accumulator_value=0.1),
+}
+
+
+@pytest.mark.parametrize('where', ['table', 'spec'])
+@pytest.mark.parametrize('classes', CLASSES)
+@pytest.mark.parametrize('name', sorted(DICT_ONLY))
+def test_dict_configs_train_with_adagrad_momentum_and_proximal_yogi(
+    tmp_path, name, classes, where):
+  feat = Feat('a', A_SP, combiner='sum')
+  params = getattr(tpu_fc if classes == 'tpu_fc' else tf_legacy, name)(
+      **DICT_ONLY[name])
+  c = coefficients(11, D)
+  one, estimator = train_1_and_3(
+      tmp_path, dict_model_fn(), dict_spec(classes, params, where),
+      make_input_fn([feat], c))
+  table = Table('t', init_table(11), getattr(tpu_fc, name)(**DICT_ONLY[name]),
+                [feat])
+  table.step({'a': c / NS}, 0.1)
+  table.check(one, 1)
+  for _ in range(2):
+    table.step({'a': c / NS}, 0.1)
+  table.check(estimator, 3)
+  check_bias(estimator, c, 3, 1.0 / NS)
+
+
+@pytest.mark.parametrize('where', ['table', 'spec'])
+@pytest.mark.parametrize('classes', CLASSES)
+def test_dict_configs_estimate_lookup_frequencies(tmp_path, classes, where):
+  """A FrequencyEstimator table (dimension 1, its rate the global step) after
+  steps 0, 1 and 2: every looked-up id's estimate and last hit step."""
+  feat = Feat('a', A_SP, combiner='sum')
+  kwargs = dict(tau=0.25, max_delta=1.5, outlier_threshold=0.5,
+                weight_exponent=1.0)
+  params = (tpu_fc if classes == 'tpu_fc' else
+            tf_legacy).FrequencyEstimatorParameters(**kwargs)
+  spec = dict_spec(classes, params, where, dim=1,
+                   learning_rate_fn=lambda step: tf.cast(step, tf.float32))
+  one, estimator = train_1_and_3(tmp_path, dict_model_fn(stop_gradient=True),
+                                 spec, make_input_fn([feat], coefficients(12, 1)))
+  want = helpers.ReferenceSteps(
+      tpu_fc.FrequencyEstimatorParameters(**kwargs), init_table(11)[:, :1],
+      {'last_hit_step': np.zeros((V, 1), np.float32)})
+  ids = np.array([i for _, _, i, _ in feat.entries()])
+  for step, estimator_after in ((0, one), (1, None), (2, estimator)):
+    want.step(ids, np.zeros((len(ids), 1), np.float32), step)
+    if estimator_after is not None:
+      want.assert_matches(
+          estimator_after.get_variable_value('t'),
+          {'last_hit_step': estimator_after.get_variable_value(
+              't/FrequencyEstimator')}, err_msg='after step {}'.format(step))
+  # By hand: every id but 2 is looked up at every step, last at step 2.
+  assert sorted(set(ids.tolist())) == [0, 1, 3, 4, 5]
+  np.testing.assert_array_equal(
+      estimator.get_variable_value('t/FrequencyEstimator')[:, 0],
+      [2, 2, 0, 2, 2, 2])
 
 
 # 3. Shard counts. -----------------------------------------------------------

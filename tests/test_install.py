@@ -12,6 +12,15 @@ import tensorflow as tf
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Every `*Parameters` of TF 2.15's tensorflow.python.tpu.tpu_embedding.
+LEGACY_PARAMETERS = (
+    'AdagradParameters', 'AdamParameters', 'FtrlParameters',
+    'StochasticGradientDescentParameters', 'MomentumParameters',
+    'RMSPropParameters', 'ProximalAdagradParameters',
+    'AdagradMomentumParameters', 'ProximalYogiParameters',
+    'FrequencyEstimatorParameters')
+
+
 @pytest.fixture
 def installed():
   tpu_fc.install()
@@ -24,9 +33,7 @@ def test_install_binds_legacy_names(installed):
   assert v1.tpu.experimental.embedding_column is tpu_fc.embedding_column
   assert (v1.tpu.experimental.shared_embedding_columns is
           tpu_fc.shared_embedding_columns)
-  for name in ('AdagradParameters', 'AdamParameters', 'FtrlParameters',
-               'StochasticGradientDescentParameters', 'MomentumParameters',
-               'RMSPropParameters', 'ProximalAdagradParameters'):
+  for name in LEGACY_PARAMETERS:
     assert getattr(v1.tpu.experimental, name) is getattr(tpu_fc, name)
   for estimator_namespace in (v1.estimator, tf.estimator):
     tpu = estimator_namespace.tpu
@@ -98,7 +105,8 @@ def test_removed_legacy_module_is_stood_in_for(installed):
   if tf.__version__.startswith('2.15'):
     assert tpu_embedding.__file__.endswith('tpu_embedding.py')  # TF's own, untouched
   else:
-    assert tpu_embedding.ProximalAdagradParameters is tpu_fc.ProximalAdagradParameters
+    for name in LEGACY_PARAMETERS:
+      assert getattr(tpu_embedding, name) is getattr(tpu_fc, name)
     assert tpu_embedding.TableConfig is tpu_fc.TableConfig
 
 

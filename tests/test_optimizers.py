@@ -28,8 +28,18 @@ E = tf.tpu.experimental.embedding
 
 NAMES = ['StochasticGradientDescentParameters', 'AdagradParameters',
          'AdamParameters', 'FtrlParameters', 'ProximalAdagradParameters',
-         'MomentumParameters', 'RMSPropParameters']
+         'MomentumParameters', 'RMSPropParameters',
+         'AdagradMomentumParameters', 'ProximalYogiParameters',
+         'FrequencyEstimatorParameters']
 EXPORTED = NAMES[:4]  # tf.compat.v1.tpu.experimental.* on TF 2.15
+# Fields its constructor sets without an argument: TF 2.15's
+# FrequencyEstimatorParameters takes none of the common arguments.
+FIXED = {'FrequencyEstimatorParameters': dict(
+    learning_rate=1.0, use_gradient_accumulation=True, clip_weight_min=None,
+    clip_weight_max=None, weight_decay_factor=None,
+    multiply_weight_decay_factor_by_learning_rate=None, clip_gradient_min=None,
+    clip_gradient_max=None)}
+WITH_COMMON_ARGUMENTS = [name for name in NAMES if name not in FIXED]
 
 COMMON_DEFAULTS = dict(use_gradient_accumulation=True, clip_weight_min=None,
                        clip_weight_max=None, weight_decay_factor=None,
@@ -45,6 +55,11 @@ REQUIRED = {
     'MomentumParameters': dict(learning_rate=0.1, momentum=0.9),
     'RMSPropParameters': dict(learning_rate=0.1, rho=0.9, momentum=0.5,
                               epsilon=1e-3),
+    'AdagradMomentumParameters': dict(learning_rate=0.1, momentum=0.9),
+    'ProximalYogiParameters': {},
+    'FrequencyEstimatorParameters': dict(tau=0.1, max_delta=100.0,
+                                         outlier_threshold=2.0,
+                                         weight_exponent=1.0),
 }
 # Own defaults (LEGACY_SEMANTICS §4.1); Ftrl also has attribute
 # initial_linear_value=0.0.
@@ -64,6 +79,14 @@ OWN_DEFAULTS = {
                                       l2_regularization_strength=0.0),
     'MomentumParameters': dict(use_nesterov=False),
     'RMSPropParameters': {},
+    'AdagradMomentumParameters': dict(use_nesterov=False, exponent=2, beta2=1,
+                                      epsilon=1e-10),
+    'ProximalYogiParameters': dict(learning_rate=0.01, beta1=0.9, beta2=0.999,
+                                   epsilon=1e-3,
+                                   l1_regularization_strength=0.0,
+                                   l2_regularization_strength=0.0,
+                                   initial_accumulator_value=1e-6),
+    'FrequencyEstimatorParameters': {},
 }
 # Non-default arguments for every field a constructor takes.
 NON_DEFAULT_COMMON = dict(use_gradient_accumulation=True, clip_weight_min=-2.0,
@@ -86,12 +109,30 @@ NON_DEFAULT_OWN = {
                                       l2_regularization_strength=0.05),
     'MomentumParameters': dict(momentum=0.6, use_nesterov=True),
     'RMSPropParameters': dict(rho=0.8, momentum=0.3, epsilon=1e-4),
+    'AdagradMomentumParameters': dict(momentum=0.6, use_nesterov=True,
+                                      exponent=3.0, beta2=0.9, epsilon=0.1),
+    'ProximalYogiParameters': dict(beta1=0.8, beta2=0.95, epsilon=1e-2,
+                                   l1_regularization_strength=0.01,
+                                   l2_regularization_strength=0.02,
+                                   initial_accumulator_value=0.5),
+    'FrequencyEstimatorParameters': dict(tau=0.2, max_delta=50.0,
+                                         outlier_threshold=3.0,
+                                         weight_exponent=0.5),
 }
 
 
 def _non_default(name, learning_rate=0.25):
+  if name in FIXED:
+    return dict(NON_DEFAULT_OWN[name])
   return dict(NON_DEFAULT_COMMON, learning_rate=learning_rate,
               **NON_DEFAULT_OWN[name])
+
+
+def _another(name):
+  """`_non_default(name)` with one field changed."""
+  if name in FIXED:
+    return dict(_non_default(name), tau=0.3)
+  return _non_default(name, learning_rate=0.5)
 
 
 def _ours(name):
@@ -111,11 +152,15 @@ def _public(obj):
 def test_exported_from_package_and_module():
   for name in NAMES:
     assert _ours(name) is getattr(optimizers, name)
+    assert name in tpu_fc.__all__
+  # TF 2.15's `_tpu_estimator_embedding._SUPPORTED_OPTIMIZERS`, in its order.
   assert optimizers.SUPPORTED_OPTIMIZERS == tuple(
       _ours(n) for n in ['ProximalAdagradParameters', 'AdagradParameters',
                          'AdamParameters', 'FtrlParameters',
                          'StochasticGradientDescentParameters',
                          'MomentumParameters', 'RMSPropParameters'])
+  assert sorted(cls.__name__ for cls in optimizers.ALL_OPTIMIZERS) == sorted(
+      NAMES)
 
 
 # --------------------------------------------------------------------------------
@@ -146,7 +191,8 @@ def test_signature_defaults_match_legacy_semantics(name):
   assert required == list(REQUIRED[name])
   defaults = {n: p.default for n, p in params.items()
               if p.default is not inspect.Parameter.empty}
-  expected = dict(COMMON_DEFAULTS, **OWN_DEFAULTS[name])
+  expected = dict({} if name in FIXED else COMMON_DEFAULTS,
+                  **OWN_DEFAULTS[name])
   expected.pop('initial_linear_value', None)  # attribute, not an argument
   assert defaults == expected
   assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -162,7 +208,7 @@ CLIP = ('When using gradient clipping limits, gradient  accumulation must be '
 NO_ACCUMULATION = dict(use_gradient_accumulation=False)
 
 VALIDATION = []
-for _name in NAMES:
+for _name in WITH_COMMON_ARGUMENTS:
   VALIDATION += [
       (_name, 'clip_min_without_accumulation',
        dict(clip_gradient_min=-1.0, **NO_ACCUMULATION), ValueError, CLIP),
@@ -244,6 +290,47 @@ VALIDATION += [
     ('ProximalAdagradParameters', 'order_accumulator_before_l1',
      dict(initial_accumulator=0, l1_regularization_strength=-0.1), ValueError,
      'Adagrad initial_accumulator must be positive. Received: 0.'),
+    ('AdagradMomentumParameters', 'epsilon_zero', dict(epsilon=0), ValueError,
+     'Adagrad momentum: epsilon must be positive'),
+    ('AdagradMomentumParameters', 'epsilon_negative', dict(epsilon=-1e-10),
+     ValueError, 'Adagrad momentum: epsilon must be positive'),
+    ('AdagradMomentumParameters', 'exponent_zero', dict(exponent=0),
+     ValueError, 'Adagrad momentum: Precondition exponent must >0'),
+    ('AdagradMomentumParameters', 'exponent_negative', dict(exponent=-2.0),
+     ValueError, 'Adagrad momentum: Precondition exponent must >0'),
+    ('AdagradMomentumParameters', 'order_epsilon_before_exponent',
+     dict(epsilon=0, exponent=0), ValueError,
+     'Adagrad momentum: epsilon must be positive'),
+    ('AdagradMomentumParameters', 'order_clip_before_epsilon',
+     dict(epsilon=0, clip_gradient_max=1.0, **NO_ACCUMULATION), ValueError,
+     CLIP),
+    ('ProximalYogiParameters', 'beta1_one', dict(beta1=1.0), ValueError,
+     'beta1 must be between 0. and 1; got 1.0.'),
+    ('ProximalYogiParameters', 'beta1_negative', dict(beta1=-0.5), ValueError,
+     'beta1 must be between 0. and 1; got -0.5.'),
+    ('ProximalYogiParameters', 'beta2_one', dict(beta2=1), ValueError,
+     'beta2 must be between 0. and 1; got 1.'),
+    ('ProximalYogiParameters', 'epsilon_zero', dict(epsilon=0.0), ValueError,
+     'epsilon must be positive; got 0.0.'),
+    ('ProximalYogiParameters', 'l1_negative',
+     dict(l1_regularization_strength=-0.1), ValueError,
+     'l1_regularization_strength must be greater than or equal to 0. got -0.1.'),
+    ('ProximalYogiParameters', 'l2_negative',
+     dict(l2_regularization_strength=-0.2), ValueError,
+     'l2_regularization_strength must be greater than or equal to 0. got -0.2.'),
+    ('ProximalYogiParameters', 'order_beta1_before_beta2',
+     dict(beta1=2.0, beta2=2.0), ValueError,
+     'beta1 must be between 0. and 1; got 2.0.'),
+    ('ProximalYogiParameters', 'order_beta2_before_epsilon',
+     dict(beta2=2.0, epsilon=0), ValueError,
+     'beta2 must be between 0. and 1; got 2.0.'),
+    ('ProximalYogiParameters', 'order_epsilon_before_l1',
+     dict(epsilon=0, l1_regularization_strength=-1.0), ValueError,
+     'epsilon must be positive; got 0.'),
+    ('ProximalYogiParameters', 'order_l1_before_l2',
+     dict(l1_regularization_strength=-1.0, l2_regularization_strength=-1.0),
+     ValueError,
+     'l1_regularization_strength must be greater than or equal to 0. got -1.0.'),
 ]
 MISSING = [
     ('StochasticGradientDescentParameters', {}, TypeError,
@@ -255,6 +342,16 @@ MISSING = [
     ('RMSPropParameters', dict(learning_rate=0.1), TypeError,
      "RMSPropParameters.__init__() missing 3 required positional arguments: "
      "'rho', 'momentum', and 'epsilon'"),
+    ('AdagradMomentumParameters', dict(learning_rate=0.1), TypeError,
+     "AdagradMomentumParameters.__init__() missing 1 required positional "
+     "argument: 'momentum'"),
+    ('FrequencyEstimatorParameters', dict(tau=0.1), TypeError,
+     "FrequencyEstimatorParameters.__init__() missing 3 required positional "
+     "arguments: 'max_delta', 'outlier_threshold', and 'weight_exponent'"),
+    ('FrequencyEstimatorParameters', dict(REQUIRED[
+        'FrequencyEstimatorParameters'], learning_rate=0.1), TypeError,
+     "FrequencyEstimatorParameters.__init__() got an unexpected keyword "
+     "argument 'learning_rate'"),
 ]
 
 
@@ -277,6 +374,14 @@ def test_validation(name, kwargs, error, text):
     ('AdamParameters', dict(lazy_adam=True, **NO_ACCUMULATION)),
     ('AdagradParameters', dict(clip_gradient_min=-1.0)),
     ('MomentumParameters', dict(use_nesterov=True, **NO_ACCUMULATION)),
+    ('AdagradMomentumParameters', dict(beta2=0.5, exponent=0.5, momentum=0.0)),
+    ('AdagradMomentumParameters', dict(use_nesterov=True, **NO_ACCUMULATION)),
+    ('ProximalYogiParameters', dict(beta1=0.0, beta2=0.0,
+                                    initial_accumulator_value=0.0)),
+    # TF 2.15 checks none of FrequencyEstimatorParameters' arguments.
+    ('FrequencyEstimatorParameters', dict(tau=1.5, max_delta=-1.0,
+                                          outlier_threshold=0.0,
+                                          weight_exponent=-2.0)),
 ])
 def test_valid_edge_cases_construct(name, kwargs):
   kwargs = dict(REQUIRED[name], **kwargs)
@@ -294,7 +399,8 @@ def test_valid_edge_cases_construct(name, kwargs):
 @pytest.mark.parametrize('name', NAMES)
 def test_default_attributes(name):
   obj = _ours(name)(**REQUIRED[name])
-  expected = dict(COMMON_DEFAULTS, **REQUIRED[name], **OWN_DEFAULTS[name])
+  expected = dict(FIXED.get(name, COMMON_DEFAULTS), **REQUIRED[name],
+                  **OWN_DEFAULTS[name])
   assert _public(obj) == expected
   if LEGACY:
     assert _public(obj) == _public(_theirs(name)(**REQUIRED[name]))
@@ -304,7 +410,7 @@ def test_default_attributes(name):
 def test_non_default_attributes(name):
   kwargs = _non_default(name)
   obj = _ours(name)(**kwargs)
-  expected = dict(kwargs)
+  expected = dict(FIXED.get(name, {}), **kwargs)
   if name == 'FtrlParameters':
     expected['initial_linear_value'] = 0.0
   assert _public(obj) == expected
@@ -345,14 +451,14 @@ def test_equality_hash_and_pickle(name):
   a = _ours(name)(**_non_default(name))
   b = _ours(name)(**_non_default(name))
   assert a == b and hash(a) == hash(b)
-  assert a != _ours(name)(**_non_default(name, learning_rate=0.5))
+  assert a != _ours(name)(**_another(name))
   clone = pickle.loads(pickle.dumps(a))
   assert type(clone) is type(a) and _public(clone) == _public(a)
   with pytest.raises(AttributeError):
     clone.learning_rate = 3.0
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', WITH_COMMON_ARGUMENTS)
 def test_replace(name):
   obj = _ours(name)(**_non_default(name))
   before = _public(obj)
@@ -370,6 +476,15 @@ def test_replace(name):
   assert str(info.value) == CLIP
   with pytest.raises(TypeError):
     obj.replace(no_such_argument=1)
+
+
+def test_replace_frequency_estimator():
+  obj = tpu_fc.FrequencyEstimatorParameters(**_non_default(
+      'FrequencyEstimatorParameters'))
+  new = obj.replace(tau=0.3)
+  assert _public(new) == dict(_public(obj), tau=0.3)
+  with pytest.raises(TypeError):  # the fixed fields are no arguments
+    obj.replace(learning_rate=0.5)
 
 
 def test_replace_validates_own_fields():
@@ -423,12 +538,20 @@ def _expected_mid_level(name, kwargs, learning_rate=None):
             'multiply_linear_by_learning_rate', False),
         allow_zero_accumulator=kwargs.get('allow_zero_accumulator', False),
         **common)
+  if name == 'AdagradMomentumParameters':
+    return E.AdagradMomentum(
+        momentum=kwargs['momentum'],
+        use_nesterov=kwargs.get('use_nesterov', False),
+        exponent=kwargs.get('exponent', 2), beta2=kwargs.get('beta2', 1),
+        epsilon=kwargs.get('epsilon', 1e-10), **common)
   raise AssertionError(name)
 
 
 TWINS = {'StochasticGradientDescentParameters': 'SGD', 'AdagradParameters': 'Adagrad',
-         'AdamParameters': 'Adam', 'FtrlParameters': 'FTRL'}
-NO_TWIN = ['ProximalAdagradParameters', 'MomentumParameters', 'RMSPropParameters']
+         'AdamParameters': 'Adam', 'FtrlParameters': 'FTRL',
+         'AdagradMomentumParameters': 'AdagradMomentum'}
+NO_TWIN = ['ProximalAdagradParameters', 'MomentumParameters', 'RMSPropParameters',
+           'ProximalYogiParameters', 'FrequencyEstimatorParameters']
 
 
 def _twin_cases():
@@ -473,6 +596,12 @@ def test_to_mid_level(name, kwargs):
   if name == 'AdamParameters':
     assert (result.beta_1, result.beta_2) == (kwargs.get('beta1', 0.9),
                                               kwargs.get('beta2', 0.999))
+  if name == 'AdagradMomentumParameters':
+    assert (result.momentum, result.use_nesterov, result.exponent,
+            result.beta2, result.epsilon) == (
+                kwargs['momentum'], kwargs.get('use_nesterov', False),
+                kwargs.get('exponent', 2), kwargs.get('beta2', 1),
+                kwargs.get('epsilon', 1e-10))
 
 
 def test_adam_epsilon_is_the_legacy_default():
@@ -550,13 +679,20 @@ def test_from_mid_level_fields():
           tpu_fc.FtrlParameters(0.001, learning_rate_power=-0.5,
                                 initial_accumulator_value=0.1, beta=0.0,
                                 weight_decay_factor=0.1, clip_gradient_max=2.0))
+  assert optimizers.from_mid_level(E.AdagradMomentum()) == (
+      tpu_fc.AdagradMomentumParameters(0.001, momentum=0.0,
+                                       use_nesterov=False, exponent=2,
+                                       beta2=1, epsilon=1e-10))
   rate = lambda: 0.3
   assert optimizers.from_mid_level(E.Adagrad(learning_rate=rate)).learning_rate is rate
 
 
+@pytest.mark.skipif(LEGACY, reason="TF 2.15's mid-level optimizers all have "
+                    'a legacy twin')
 def test_from_mid_level_unsupported():
-  with pytest.raises(NotImplementedError, match='AdagradMomentum'):
-    optimizers.from_mid_level(E.AdagradMomentum())
+  custom = E.CustomOptimizer(tf.function(lambda *unused: None))
+  with pytest.raises(NotImplementedError, match='CustomOptimizer'):
+    optimizers.from_mid_level(custom)
 
 
 @legacy_only
@@ -571,14 +707,6 @@ def test_as_tpu_fc_parameters_converts_tf_2_15_objects(name, defaults):
   assert _public(converted) == _public(theirs)
 
 
-@legacy_only
-def test_as_tpu_fc_parameters_leaves_unsupported_tf_2_15_objects():
-  for other in (tf_legacy.AdagradMomentumParameters(0.1, 0.9),
-                tf_legacy.ProximalYogiParameters(),
-                tf_legacy.FrequencyEstimatorParameters(1.0, 1.0, 1.0, 1.0)):
-    assert optimizers.as_tpu_fc_parameters(other) is other
-
-
 def test_as_tpu_fc_parameters_passes_through():
   ours = tpu_fc.AdagradParameters(0.1)
   assert optimizers.as_tpu_fc_parameters(ours) is ours
@@ -591,9 +719,12 @@ def test_as_tpu_fc_parameters_passes_through():
 # --------------------------------------------------------------------------------
 
 # (legacy TPU checkpoint suffix, mid-level slot name): suffixes from
-# LEGACY_SEMANTICS §7 (`<var>/Adagrad`, `<var>/Adam/m`, ...), mid-level names
-# from §4.2; for the optimizers without a twin the names are those of TF 2.15's
-# slot namedtuples (pluralised like the mid-level `accumulators`).
+# LEGACY_SEMANTICS §7 (`<var>/Adagrad`, `<var>/Adam/m`, ...) and, for the three
+# the column spec refuses, TF 2.15's `_*Handler.get_default_slot_variable_names`
+# (`<table>/AdagradMomentum/Accumulator`, ...); mid-level names from §4.2
+# (AdagradMomentum: its `_slot_names()`); for the optimizers without a twin the
+# names are those of TF 2.15's slot namedtuples (pluralised like the mid-level
+# `accumulators`; Yogi's m and v named as the mid-level Adam names its m and v).
 EXPECTED_SLOTS = {
     'StochasticGradientDescentParameters': (),
     'AdagradParameters': (('Adagrad', 'accumulators'),),
@@ -602,10 +733,17 @@ EXPECTED_SLOTS = {
     'ProximalAdagradParameters': (('ProximalAdagrad', 'accumulators'),),
     'MomentumParameters': (('Momentum', 'momenta'),),
     'RMSPropParameters': (('RMSProp/ms', 'ms'), ('RMSProp/mom', 'mom')),
+    'AdagradMomentumParameters': (('AdagradMomentum/Accumulator',
+                                   'accumulators'),
+                                  ('AdagradMomentum/Momentum', 'momenta')),
+    'ProximalYogiParameters': (('ProximalYogi', 'velocities'),
+                               ('ProximalYogi_1', 'momenta')),
+    'FrequencyEstimatorParameters': (('FrequencyEstimator', 'last_hit_step'),),
 }
 # Initial slot values of _non_default(name): TF 2.15's handlers use
-# constant(initial_accumulator) / constant(initial_accumulator_value) /
-# constant(initial_linear_value=0.0) and zeros for everything else.
+# constant(initial_accumulator) / constant(initial_accumulator_value) (Ftrl's
+# accumulator, ProximalYogi's v) / constant(initial_linear_value=0.0) and zeros
+# for everything else.
 EXPECTED_SLOT_VALUES = {
     'StochasticGradientDescentParameters': {},
     'AdagradParameters': {'accumulators': 0.7},
@@ -614,6 +752,9 @@ EXPECTED_SLOT_VALUES = {
     'ProximalAdagradParameters': {'accumulators': 0.3},
     'MomentumParameters': {'momenta': 0.0},
     'RMSPropParameters': {'ms': 0.0, 'mom': 0.0},
+    'AdagradMomentumParameters': {'accumulators': 0.0, 'momenta': 0.0},
+    'ProximalYogiParameters': {'velocities': 0.5, 'momenta': 0.0},
+    'FrequencyEstimatorParameters': {'last_hit_step': 0.0},
 }
 
 
@@ -638,6 +779,17 @@ def test_slots_match_mid_level(name):
 
 @legacy_only
 @pytest.mark.parametrize('name', NAMES)
+def test_slot_suffixes_match_tf_2_15_engine(name):
+  """The names TF 2.15's engine gives a dict-configured table's slots."""
+  handler = tf_legacy._get_optimization_handler(  # pylint: disable=protected-access
+      _theirs(name)(**REQUIRED[name]))
+  names = handler.get_default_slot_variable_names('tbl')
+  expected = tuple(names) if names is not None else ()
+  assert tuple('tbl/' + s for s, _ in _ours(name).SLOTS) == expected
+
+
+@legacy_only
+@pytest.mark.parametrize('name', NAMES[:7])  # the column spec refuses the rest
 def test_slot_suffixes_match_tf_2_15_estimator(name):
   from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding  # pylint: disable=g-import-not-at-top
   names = _tpu_estimator_embedding._get_slot_variable_names(  # pylint: disable=protected-access

@@ -3,7 +3,9 @@
 Expected values never come from the code under test: they come from
 `tf.raw_ops` sparse optimizer kernels fed the gradient summed per unique id
 (TF's kernels do not accumulate duplicates), or, for Adam with
-`sum_inside_sqrt` (no TF kernel), from a float64 derivation written here.
+`sum_inside_sqrt`, AdagradMomentum, ProximalYogi and FrequencyEstimator (no TF
+kernel), from a float64 derivation written here; `test_rules_by_hand` has two
+steps of each of these three written out in numbers.
 Gradient clipping, decoupled weight decay and weight clipping are applied
 around the kernels by `expected_update`, following the module docstring.
 Results are compared within the float32 error bound of `helpers` (TF's
@@ -48,11 +50,23 @@ OWN_ARGS = {
                                       l2_regularization_strength=0.0),
     'MomentumParameters': dict(momentum=0.9, use_nesterov=False),
     'RMSPropParameters': dict(rho=0.9, momentum=0.5, epsilon=1e-3),
+    'AdagradMomentumParameters': dict(momentum=0.9, use_nesterov=False,
+                                      exponent=2, beta2=1, epsilon=1e-10),
+    'ProximalYogiParameters': dict(beta1=0.9, beta2=0.999, epsilon=1e-3,
+                                   l1_regularization_strength=0.0,
+                                   l2_regularization_strength=0.0,
+                                   initial_accumulator_value=1e-6),
+    'FrequencyEstimatorParameters': dict(tau=0.25, max_delta=0.5,
+                                         outlier_threshold=1.5,
+                                         weight_exponent=1.0),
 }
+# Its constructor takes none of COMMON: TF 2.15 fixes them.
+FIXED_COMMON = ('FrequencyEstimatorParameters',)
 # Legacy slot namedtuple field -> mid-level slot name.
 LEGACY_SLOT_FIELDS = {'accumulator': 'accumulators', 'linear': 'linears',
                       'm': 'momenta', 'v': 'velocities', 'momenta': 'momenta',
-                      'ms': 'ms', 'mom': 'mom'}
+                      'ms': 'ms', 'mom': 'mom',
+                      'last_hit_step': 'last_hit_step'}
 
 CASES = {
     'sgd': ('StochasticGradientDescentParameters', {}),
@@ -84,7 +98,24 @@ CASES = {
     'momentum': ('MomentumParameters', {}),
     'momentum_nesterov': ('MomentumParameters', dict(use_nesterov=True)),
     'rms_prop': ('RMSPropParameters', {}),
+    'adagrad_momentum': ('AdagradMomentumParameters', {}),
+    'adagrad_momentum_exponent_3': ('AdagradMomentumParameters',
+                                    dict(momentum=0.5, exponent=3.0,
+                                         epsilon=0.1)),
+    # The hyperparameters of TF's TPU test of the mid-level optimizer.
+    'adagrad_momentum_nesterov_beta2': ('AdagradMomentumParameters',
+                                        dict(use_nesterov=True, exponent=3.0,
+                                             beta2=0.9, epsilon=0.1)),
+    'proximal_yogi': ('ProximalYogiParameters', {}),
+    'proximal_yogi_regularized': ('ProximalYogiParameters',
+                                  dict(beta1=0.5, beta2=0.75,
+                                       l1_regularization_strength=0.3,
+                                       l2_regularization_strength=0.2,
+                                       initial_accumulator_value=0.5)),
+    'frequency_estimator': ('FrequencyEstimatorParameters', {}),
 }
+# The cases whose optimizer takes the common arguments (clipping, decay).
+STAGED_CASES = sorted(c for c in CASES if CASES[c][0] not in FIXED_COMMON)
 
 
 def _tf_classes():
@@ -99,6 +130,10 @@ def _tf_classes():
       'ProximalAdagradParameters': tpu_embedding.ProximalAdagradParameters,
       'MomentumParameters': tpu_embedding.MomentumParameters,
       'RMSPropParameters': tpu_embedding.RMSPropParameters,
+      'AdagradMomentumParameters': tpu_embedding.AdagradMomentumParameters,
+      'ProximalYogiParameters': tpu_embedding.ProximalYogiParameters,
+      'FrequencyEstimatorParameters':
+          tpu_embedding.FrequencyEstimatorParameters,
   }
 
 
@@ -115,8 +150,8 @@ def make_stub(name, **kwargs):
 
 
 def make_tf(name, **kwargs):
-  return _tf_classes()[name](learning_rate=PARAMS_LR,
-                             **dict(OWN_ARGS[name], **kwargs))
+  rate = {} if name in FIXED_COMMON else dict(learning_rate=PARAMS_LR)
+  return _tf_classes()[name](**rate, **dict(OWN_ARGS[name], **kwargs))
 
 
 @pytest.fixture(params=[
@@ -131,6 +166,11 @@ def make(request):
 @pytest.fixture(params=sorted(CASES))
 def case(request):
   return CASES[request.param]
+
+
+# Overrides the `case` fixture with the cases of STAGED_CASES.
+staged = pytest.mark.parametrize('case', [CASES[c] for c in STAGED_CASES],
+                                 ids=STAGED_CASES)
 
 
 def random_state(params, seed=0):
@@ -171,9 +211,72 @@ def _adam_by_hand(params, w, m, v, g, lr):
   return w - lr * m / np.sqrt(v + eps ** 2), m, v
 
 
-def kernel_update(params, table, slots, rows, g, lr):
-  """Optimizer rule only, via TF kernels; returns (table, slots)."""
+def _adagrad_momentum_by_hand(params, w, a, m, g, lr):
+  """AdagradMomentum (optimization_parameters.proto, with the momentum over
+  the scaled gradient as TF's TPU test checks it), in float64."""
+  w, a, m, g = (np.asarray(x, np.float64) for x in (w, a, m, g))
+  mu, k, b2, eps, lr = (np.float64(np.float32(x)) for x in (
+      params.momentum, params.exponent, params.beta2, params.epsilon, lr))
+  a = a + g * g if b2 == 1 else b2 * a + (1 - b2) * g * g
+  scaled = g / (a + eps) ** (1 / k)
+  m = mu * m + scaled
+  return w - lr * (mu * m + scaled if params.use_nesterov else m), a, m
+
+
+def _proximal_yogi_by_hand(params, w, v, m, g, lr):
+  """Yogi's Algorithm 2 without bias correction, then the l1/l2 proximal step
+  (TF Addons' Yogi), in float64."""
+  w, v, m, g = (np.asarray(x, np.float64) for x in (w, v, m, g))
+  b1, b2, eps, l1, l2, lr = (np.float64(np.float32(x)) for x in (
+      params.beta1, params.beta2, params.epsilon,
+      params.l1_regularization_strength, params.l2_regularization_strength,
+      lr))
+  m = b1 * m + (1 - b1) * g
+  v = v - (1 - b2) * np.sign(v - g * g) * g * g
+  rate = lr / (np.sqrt(v) + eps)
+  u = w - rate * m
+  w = np.where(np.abs(u) > rate * l1, u - rate * l1 * np.sign(u), 0.0)
+  return w / (1 + rate * l2), v, m
+
+
+def _frequency_estimator_by_hand(params, d, last, step):
+  """optimization_parameters.proto's sequence of operations, in float64."""
+  d, last = np.asarray(d, np.float64), np.asarray(last, np.float64)
+  tau, max_delta, threshold, step = (np.float64(np.float32(x)) for x in (
+      params.tau, params.max_delta, params.outlier_threshold, step))
+  delta = step - last
+  clipped = np.minimum(delta, max_delta)
+  d = np.where(delta >= threshold * d, clipped,
+               d * (1 - tau) + clipped * tau)
+  return d, np.full_like(d, step)
+
+
+def _by_hand(params, table, slots, rows, g, lr):
+  """The three rules no TF kernel computes, on the rows `rows`."""
   name = type(params).__name__
+  table, slots = table.copy(), {k: v.copy() for k, v in slots.items()}
+  if name == 'AdagradMomentumParameters':
+    table[rows], slots['accumulators'][rows], slots['momenta'][rows] = (
+        _adagrad_momentum_by_hand(params, table[rows],
+                                  slots['accumulators'][rows],
+                                  slots['momenta'][rows], g, lr))
+  elif name == 'ProximalYogiParameters':
+    table[rows], slots['velocities'][rows], slots['momenta'][rows] = (
+        _proximal_yogi_by_hand(params, table[rows], slots['velocities'][rows],
+                               slots['momenta'][rows], g, lr))
+  else:
+    table[rows], slots['last_hit_step'][rows] = _frequency_estimator_by_hand(
+        params, table[rows], slots['last_hit_step'][rows], lr)
+  return table, slots
+
+
+def kernel_update(params, table, slots, rows, g, lr):
+  """Optimizer rule only, via TF kernels (or, for the rules no TF kernel
+  computes, derived here); returns (table, slots)."""
+  name = type(params).__name__
+  if name in ('AdagradMomentumParameters', 'ProximalYogiParameters',
+              'FrequencyEstimatorParameters'):
+    return _by_hand(params, table, slots, rows, g, lr)
   var = tf.Variable(table)
   slot_vars = {k: tf.Variable(v) for k, v in slots.items()}
   h = {k: v.handle for k, v in slot_vars.items()}
@@ -290,6 +393,7 @@ def test_two_steps_from_initial_slots(case, make):
   assert_update(params, table, slots, np.array([5, 5, 1, 2]), -grads)
 
 
+@staged
 @pytest.mark.parametrize('low,high', [(-0.5, 0.5), (None, 0.3), (-0.2, None)])
 def test_gradient_clipping(case, make, low, high):
   params = make(case[0], clip_gradient_min=low, clip_gradient_max=high,
@@ -302,6 +406,7 @@ def test_gradient_clipping(case, make, low, high):
   assert not np.allclose(clipped, free)  # the bounds were active
 
 
+@staged
 @pytest.mark.parametrize('low,high', [(-0.5, 0.5), (None, 0.2), (-0.1, None)])
 def test_weight_clipping(case, make, low, high):
   params = make(case[0], clip_weight_min=low, clip_weight_max=high, **case[1])
@@ -312,6 +417,7 @@ def test_weight_clipping(case, make, low, high):
   assert np.all((new_table[updated] >= lo) & (new_table[updated] <= hi))
 
 
+@staged
 @pytest.mark.parametrize('multiply', [False, True])
 def test_weight_decay(case, make, multiply):
   params = make(case[0], weight_decay_factor=0.25,
@@ -326,6 +432,7 @@ def test_weight_decay(case, make, multiply):
   np.testing.assert_array_equal(decayed[IDS], plain[IDS] - decay * table[IDS])
 
 
+@staged
 def test_all_steps_together(case, make):
   params = make(case[0], clip_gradient_min=-0.5, clip_gradient_max=0.4,
                 weight_decay_factor=0.5,
@@ -370,6 +477,7 @@ def test_rows_not_looked_up(case, make):
         np.float32(params.beta2) * slots['velocities'][rest])
 
 
+@staged
 def test_inputs_not_mutated(case, make):
   params = make(case[0], weight_decay_factor=0.1, clip_weight_min=-0.5,
                 clip_gradient_max=0.1, **case[1])
@@ -416,6 +524,11 @@ def test_slot_initial_values(case, make):
                                    'linears': 0.0},
       'MomentumParameters': lambda p: {'momenta': 0.0},
       'RMSPropParameters': lambda p: {'ms': 0.0, 'mom': 0.0},
+      'AdagradMomentumParameters': lambda p: {'accumulators': 0.0,
+                                              'momenta': 0.0},
+      'ProximalYogiParameters': lambda p: {
+          'velocities': p.initial_accumulator_value, 'momenta': 0.0},
+      'FrequencyEstimatorParameters': lambda p: {'last_hit_step': 0.0},
   }[name](params)
   got = reference.slot_initial_values(params)
   assert list(got.items()) == list(want.items())
@@ -436,23 +549,27 @@ def test_slot_initial_values(case, make):
     ('FtrlParameters', dict(initial_accumulator_value=0.4)),
     ('MomentumParameters', {}),
     ('RMSPropParameters', {}),
+    ('AdagradMomentumParameters', {}),
+    ('ProximalYogiParameters', dict(initial_accumulator_value=0.3)),
+    ('FrequencyEstimatorParameters', {}),
 ])
 def test_init_slots_match_legacy_handlers(name, kwargs):
   """The legacy `_*Handler` slot initializers, run in a TF1 graph."""
   from tensorflow.python.tpu import tpu_embedding  # pylint: disable=g-import-not-at-top
   params = make_tf(name, **kwargs)
   handler = tpu_embedding._get_optimization_handler(params)  # pylint: disable=protected-access
+  dim = 1 if name == 'FrequencyEstimatorParameters' else DIM  # TF's check
   with tf.Graph().as_default():
     slot_variables, _, _ = handler.create_variables_and_ops(
         'tbl', handler.get_default_slot_variable_names('tbl'), num_hosts=1,
-        table_config=tpu_embedding.TableConfig(VOCAB, DIM),
+        table_config=tpu_embedding.TableConfig(VOCAB, dim),
         table_variables=[], config_proto=None)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       legacy = {} if slot_variables is None else {
           LEGACY_SLOT_FIELDS[field]: session.run(partitions[0])
           for field, partitions in slot_variables._asdict().items()}
-  ours = reference.init_slots(params, (VOCAB, DIM))
+  ours = reference.init_slots(params, (VOCAB, dim))
   assert list(ours) == list(legacy)
   for slot_name, value in ours.items():
     np.testing.assert_array_equal(value, legacy[slot_name])
@@ -460,8 +577,8 @@ def test_init_slots_match_legacy_handlers(name, kwargs):
 
 def test_unknown_class_raises():
   table, slots, grads = np.zeros((VOCAB, DIM)), {}, np.zeros((len(IDS), DIM))
-  for params in (_stub_class('AdagradMomentumParameters')(**COMMON),
-                 object()):
+  # OnlineYogi: a rule of optimization_parameters.proto TF never exposed.
+  for params in (_stub_class('OnlineYogiParameters')(**COMMON), object()):
     name = type(params).__name__
     with pytest.raises(NotImplementedError, match=name):
       reference.apply_sparse_update(params, table, slots, IDS, grads, LR)
@@ -478,3 +595,115 @@ def test_wrong_slots_or_shapes_raise():
     reference.apply_sparse_update(params, table, {}, IDS, grads, LR)
   with pytest.raises(ValueError, match='grads'):
     reference.apply_sparse_update(params, table, slots, IDS, grads[:2], LR)
+
+
+# Two steps of each rule without a TF kernel, in numbers worked out by hand
+# from the equations of its docstring (one row looked up, the others kept).
+
+
+def _two_steps(params, table, grads, rates):
+  """The table and slots after `reference.apply_sparse_update` on row 1 with
+  each of `grads` (one per step) at the rates `rates`."""
+  slots = reference.init_slots(params, np.shape(table))
+  for g, rate in zip(grads, rates):
+    table, slots = reference.apply_sparse_update(
+        params, table, slots, [1], np.array([g], np.float32), rate)
+  return table, slots
+
+
+@pytest.mark.parametrize('nesterov', [False, True])
+def test_adagrad_momentum_by_hand(nesterov):
+  # ε = 7 makes a + ε squares: step 1 g = 3: a = 9, s = 3/√16 = 0.75;
+  # step 2 g = 3: a = 18, s = 3/√25 = 0.6; μ = 0.5, η = 0.5, w = 1.
+  params = make_stub('AdagradMomentumParameters', momentum=0.5, epsilon=7.0,
+                     use_nesterov=nesterov)
+  table, slots = _two_steps(params, [[5.0], [1.0]], [[3.0], [3.0]],
+                            [0.5, 0.5])
+  momenta = 0.5 * 0.75 + 0.6  # 0.975
+  if nesterov:  # w -= η (μ m + s): 1 - 0.5·1.125 - 0.5·1.0875
+    weight = 1 - 0.5 * (0.5 * 0.75 + 0.75) - 0.5 * (0.5 * momenta + 0.6)
+  else:  # w -= η m: 1 - 0.5·0.75 - 0.5·0.975
+    weight = 1 - 0.5 * 0.75 - 0.5 * momenta
+  np.testing.assert_allclose(table, [[5.0], [weight]], rtol=1e-6)
+  np.testing.assert_allclose(slots['accumulators'], [[0.0], [18.0]], rtol=1e-6)
+  np.testing.assert_allclose(slots['momenta'], [[0.0], [momenta]], rtol=1e-6)
+
+
+def test_adagrad_momentum_by_hand_beta2_and_exponent():
+  # β2 = 0.5, k = 1, ε = 0.5, μ = 0.25, η = 1, w = 1.  Step 1 g = 3:
+  # a = 0.5·9 = 4.5, s = 3/5 = 0.6, m = 0.6, w = 0.4.  Step 2 g = -1:
+  # a = 2.25 + 0.5 = 2.75, s = -1/3.25, m = 0.15 - 1/3.25.
+  params = make_stub('AdagradMomentumParameters', momentum=0.25, beta2=0.5,
+                     exponent=1, epsilon=0.5)
+  table, slots = _two_steps(params, [[0.0], [1.0]], [[3.0], [-1.0]],
+                            [1.0, 1.0])
+  momenta = 0.25 * 0.6 - 1 / 3.25
+  np.testing.assert_allclose(table, [[0.0], [0.4 - momenta]], rtol=1e-6)
+  np.testing.assert_allclose(slots['accumulators'], [[0.0], [2.75]], rtol=1e-6)
+  np.testing.assert_allclose(slots['momenta'], [[0.0], [momenta]], rtol=1e-6)
+
+
+def test_adagrad_momentum_one_step_as_tfs_tpu_test():
+  """`_check_embedding_and_slot_variables_for_adagrad_momentum` of TF's
+  `tpu_embedding_base_test.py`: from zero slots, momentum 0.9, Nesterov,
+  exponent 3, β2 0.9, ε 0.1: `a = 0.1 g²`, `p = (a + 0.1)^(-1/3)`,
+  `momenta = g p`, `w -= η (0.9 g p + g p)`."""
+  params = make_stub('AdagradMomentumParameters', **CASES[
+      'adagrad_momentum_nesterov_beta2'][1])
+  g = np.array([2.0, -0.5, 0.0], np.float32)
+  table, slots = _two_steps(params, [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [g],
+                            [0.1])
+  a = 0.1 * g.astype(np.float64) ** 2
+  scaled = g * (a + 0.1) ** (-1 / 3)
+  np.testing.assert_allclose(slots['accumulators'][1], a, rtol=1e-6)
+  np.testing.assert_allclose(slots['momenta'][1], scaled, rtol=1e-6)
+  np.testing.assert_allclose(table[1], [4.0, 5.0, 6.0] - 0.1 * 1.9 * scaled,
+                             rtol=1e-6)
+
+
+def test_proximal_yogi_by_hand():
+  # β1 = 0.5, β2 = 0.75, ε = 1, η = 1, l1 = 0.2, l2 = 1, v₀ = 0, w = (3, 0.05).
+  # Step 1 g = 2: m = 1, v = 0 + 0.25·sign(4)·4 = 1, ηₜ = 1/(1 + 1) = 0.5,
+  # u = w - 0.5 = (2.5, -0.45), shrunk by ηₜ·l1 = 0.1: (2.4, -0.35),
+  # / (1 + 0.5) = (1.6, -0.7/3).  Step 2 g = -1: m = 0.5 - 0.5 = 0,
+  # g² = v: sign 0, v stays 1, u = w: (1.6 - 0.1, -0.7/3 + 0.1) / 1.5.
+  params = make_stub('ProximalYogiParameters', beta1=0.5, beta2=0.75,
+                     epsilon=1.0, l1_regularization_strength=0.2,
+                     l2_regularization_strength=1.0,
+                     initial_accumulator_value=0.0)
+  table, slots = _two_steps(params, [[9.0, 9.0], [3.0, 0.05]],
+                            [[2.0, 2.0], [-1.0, -1.0]], [1.0, 1.0])
+  np.testing.assert_allclose(
+      table, [[9.0, 9.0], [1.5 / 1.5, (-0.7 / 3 + 0.1) / 1.5]], rtol=1e-6)
+  np.testing.assert_allclose(slots['velocities'], [[0, 0], [1, 1]], rtol=1e-6)
+  np.testing.assert_allclose(slots['momenta'], [[0, 0], [0, 0]], atol=1e-7)
+
+
+def test_proximal_yogi_l1_zeroes_a_small_weight():
+  # One step, g = 1, v₀ = 1 (sign 0), β1 = 0: m = 1, ηₜ = 0.5/(1 + 1) = 0.25;
+  # u = w - 0.25 = (0.3, -0.5); l1 = 2: ηₜ·l1 = 0.5 zeroes both; l1 = 1.6:
+  # ηₜ·l1 = 0.4: (0.3 → 0, -0.5 → -0.1); l1 = 1: (0.05, -0.25).
+  for l1, want in ((2.0, [0.0, 0.0]), (1.6, [0.0, -0.1]),
+                   (1.0, [0.05, -0.25])):
+    params = make_stub('ProximalYogiParameters', beta1=0.0, epsilon=1.0,
+                       l1_regularization_strength=l1,
+                       initial_accumulator_value=1.0)
+    table, _ = _two_steps(params, [[0.0, 0.0], [0.55, -0.25]], [[1.0, 1.0]],
+                          [0.5])
+    np.testing.assert_allclose(table[1], want, atol=1e-7)
+
+
+def test_frequency_estimator_by_hand():
+  # τ = 0.25, max_delta = 8, threshold 2; D = 4, last hit 0.  Step 2:
+  # delta 2 < 2·4: D = 4·0.75 + 2·0.25 = 3.5.  Step 12: delta 10 >= 2·3.5:
+  # an outlier, D = min(10, 8) = 8.  The gradient is not read.
+  params = make_stub('FrequencyEstimatorParameters', tau=0.25, max_delta=8.0,
+                     outlier_threshold=2.0)
+  table, slots = _two_steps(params, [[4.0], [4.0]], [[0.0], [123.0]],
+                            [2.0, 12.0])
+  np.testing.assert_array_equal(table, [[4.0], [8.0]])
+  np.testing.assert_array_equal(slots['last_hit_step'], [[0.0], [12.0]])
+  # Step 13: delta 1: D = 8·0.75 + 1·0.25 = 6.25.
+  table, slots = reference.apply_sparse_update(
+      params, table, slots, [1], np.zeros((1, 1), np.float32), 13.0)
+  np.testing.assert_array_equal(table, [[4.0], [6.25]])

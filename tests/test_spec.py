@@ -108,9 +108,23 @@ THEIRS = _Side(False) if LEGACY else None
 # --------------------------------------------------------------------------------
 
 def _bad_optimizer_15(s):
-  # TF 2.15's AdagradMomentumParameters: real but rejected by the spec; tpu_fc has
-  # no such class, so both sides get TF's object.
+  # TF 2.15's AdagradMomentumParameters on both sides: the error names its class.
   return tf_legacy.AdagradMomentumParameters(0.1, 0.9)
+
+
+# The optimizers TF 2.15's spec refuses with feature columns (its engine takes
+# them from dict configs): name -> its arguments.
+COLUMN_REFUSED = {
+    'AdagradMomentumParameters': dict(learning_rate=0.1, momentum=0.9),
+    'ProximalYogiParameters': {},
+    'FrequencyEstimatorParameters': dict(tau=0.1, max_delta=100.0,
+                                         outlier_threshold=2.0,
+                                         weight_exponent=1.0),
+}
+
+
+def _column_refused(name):
+  return lambda s: getattr(s.params, name)(**COLUMN_REFUSED[name])
 
 
 CASES = [
@@ -193,6 +207,15 @@ CASES = [
                      "<class 'tensorflow.python.tpu.tpu_embedding."
                      "AdagradMomentumParameters'>"),
         marks=legacy_only, id='optimizer_adagrad_momentum'),
+] + [
+    ('optimizer_{}_with_columns'.format(name), lambda s, name=name: dict(
+        feature_columns=s.columns(),
+        optimization_parameters=_column_refused(name)(s)),
+     ValueError, 'optimization_parameters must be an instance of type {}. Got '
+     "{}.".format(SUPPORTED_OPTIMIZERS,
+                  "<class 'tpu_fc.optimizers.{}'>".format(name)))
+    for name in COLUMN_REFUSED
+] + [
     # 4. dicts: feature configs (type, then table), then table configs.
     ('feature_config_not_feature_config', lambda s: dict(
         feature_to_config_dict={'f': {'table_id': 't'}},
@@ -245,6 +268,10 @@ ACCEPTED = [
     ('dicts_without_optimizer', lambda s: dict(**s.dicts())),  # unchecked
     ('dicts_with_junk_optimizer', lambda s: dict(optimization_parameters='junk',
                                                  **s.dicts())),
+] + [
+    ('dicts_with_{}'.format(name), lambda s, name=name: dict(
+        optimization_parameters=_column_refused(name)(s), **s.dicts()))
+    for name in COLUMN_REFUSED
 ]
 
 
@@ -574,6 +601,46 @@ def test_feature_config_fields():
     assert tpu_fc.FeatureConfig._fields == tf_legacy.FeatureConfig._fields
     assert tuple(tpu_fc.FeatureConfig('t', 2, 'w')) == tuple(
         tf_legacy.FeatureConfig('t', 2, 'w'))
+
+
+@pytest.mark.parametrize('side', ['ours', pytest.param('theirs', marks=legacy_only)])
+@pytest.mark.parametrize('name', sorted(COLUMN_REFUSED))
+@pytest.mark.parametrize('where', ['table', 'spec'])
+def test_dict_configs_take_what_the_column_spec_refuses(name, where, side):
+  """TF 2.15's engine takes any of its `*Parameters` from dict configs: per
+  table (`TableConfig.optimization_parameters`) or for the spec; TF 2.15's own
+  objects become tpu_fc's."""
+  params = _column_refused(name)(OURS if side == 'ours' else THEIRS)
+  table = (tpu_fc.TableConfig if side == 'ours' else tf_legacy.TableConfig)(
+      8, 1, optimization_parameters=params if where == 'table' else None)
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'f': tpu_fc.FeatureConfig('t')},
+      table_to_config_dict={'t': table},
+      optimization_parameters=(params if where == 'spec' else
+                               tpu_fc.StochasticGradientDescentParameters(1.0)))
+  (layout_table,) = spec.embedding_layout().tables
+  got = (layout_table.optimizer if where == 'table' else
+         spec.optimization_parameters)
+  assert got == getattr(tpu_fc, name)(**COLUMN_REFUSED[name])
+
+
+@pytest.mark.parametrize('where', ['table', 'spec'])
+def test_frequency_estimator_tables_have_dimension_1(where):
+  """TF 2.15's check where its engine creates such a table, naming it."""
+  params = _column_refused('FrequencyEstimatorParameters')(OURS)
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_to_config_dict={'f': tpu_fc.FeatureConfig('t'),
+                              'g': tpu_fc.FeatureConfig('wide')},
+      table_to_config_dict={
+          't': tpu_fc.TableConfig(8, 1),
+          'wide': tpu_fc.TableConfig(
+              8, 3, optimization_parameters=params if where == 'table' else
+              None)},
+      optimization_parameters=(params if where == 'spec' else OURS.adagrad()))
+  assert outcome(spec.embedding_layout) == (
+      ValueError, 'FrequencyEstimator tables should only have a dimension of '
+      "1. Received dimension 3 (table 'wide'): its one number per id is the "
+      'estimate; make the table dimension=1.')
 
 
 def test_table_config_parameters():

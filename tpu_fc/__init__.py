@@ -53,8 +53,9 @@ _PUBLIC = {
     'TableConfig': 'tpu_fc.spec',
 }
 _PUBLIC.update(dict.fromkeys((
-    'AdagradParameters', 'AdamParameters', 'FtrlParameters',
-    'MomentumParameters', 'ProximalAdagradParameters', 'RMSPropParameters',
+    'AdagradMomentumParameters', 'AdagradParameters', 'AdamParameters',
+    'FrequencyEstimatorParameters', 'FtrlParameters', 'MomentumParameters',
+    'ProximalAdagradParameters', 'ProximalYogiParameters', 'RMSPropParameters',
     'StochasticGradientDescentParameters'), 'tpu_fc.optimizers'))
 _PUBLIC.update(dict.fromkeys((
     'BestExporter', 'EstimatorSpec', 'EvalSpec', 'Exporter', 'FinalExporter',

@@ -39,8 +39,10 @@ _OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
 _GLOBAL_STEP_NAME = 'global_step'
 _MID_LEVEL_PREFIX = 'ckpt'
 _LEGACY_PREFIX = 'model.ckpt'
-# Slot suffixes only the TPU embedding optimizers write (model optimizers differ).
-_TPU_ONLY_SLOT_SUFFIXES = ('Adam/m', 'RMSProp/ms')
+# Slot suffixes only the TPU embedding optimizers write (model optimizers differ,
+# or have no such optimizer).
+_TPU_ONLY_SLOT_SUFFIXES = ('Adam/m', 'RMSProp/ms', 'AdagradMomentum/Accumulator',
+                           'ProximalYogi_1', 'FrequencyEstimator')
 
 
 class CheckpointConversionError(ValueError):
@@ -446,7 +448,7 @@ def _write_legacy(values, destination, global_step):
 def _slot_signatures():
   """Slot suffixes (legacy) and slot names (mid-level) -> optimizer description."""
   legacy, mid_level = {}, {}
-  for parameters in optimizers.SUPPORTED_OPTIMIZERS:
+  for parameters in optimizers.ALL_OPTIMIZERS:
     name = parameters.__name__[:-len('Parameters')]
     legacy[frozenset(s for s, _ in parameters.SLOTS)] = name + ' (TPU embedding)'
     if not parameters._NO_MID_LEVEL_TWIN:  # pylint: disable=protected-access
@@ -475,7 +477,8 @@ def inspect_checkpoint(path, spec=None):
 
   Without a spec, tables are the rank-2 variables named like feature-column tables
   (`.../embedding_weights`, `..._shared_embedding`) or owning TPU-only slots
-  (`Adam/m`, `RMSProp/ms`); with one, exactly the spec's tables.
+  (`_TPU_ONLY_SLOT_SUFFIXES`: `Adam/m`, `RMSProp/ms`, ...); with one, exactly
+  the spec's tables.
   """
   prefix, values = _read(path)
   mid_level = _is_mid_level(values)

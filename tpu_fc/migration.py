@@ -201,7 +201,7 @@ def _legacy_embedding_module():
   """Stand-in for `tensorflow.python.tpu.tpu_embedding` where TF no longer has it."""
   module = types.ModuleType(_LEGACY_EMBEDDING_MODULE,
                             'tpu_fc stand-in for the removed legacy module.')
-  for cls in optimizers.SUPPORTED_OPTIMIZERS:
+  for cls in optimizers.ALL_OPTIMIZERS:
     setattr(module, cls.__name__, cls)
   module.TableConfig = spec.TableConfig
   module.FeatureConfig = spec.FeatureConfig
@@ -216,7 +216,7 @@ def install():
   _bind(experimental, 'embedding_column', columns.embedding_column)
   _bind(experimental, 'shared_embedding_columns',
         columns.shared_embedding_columns)
-  for cls in optimizers.SUPPORTED_OPTIMIZERS:
+  for cls in optimizers.ALL_OPTIMIZERS:
     _bind(experimental, cls.__name__, cls)
   for api in _api_modules():
     _bind(api, 'estimator', _estimator_namespace(

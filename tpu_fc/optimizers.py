@@ -3,6 +3,10 @@
 TF 2.16 removed these classes; scripts still construct them.  They are kept here with
 TF 2.15's signatures, defaults, validation and error texts, frozen after construction,
 and each converts to its `tf.tpu.experimental.embedding` twin with `to_mid_level()`.
+All ten of TF 2.15's `tensorflow.python.tpu.tpu_embedding` are here: the seven its
+`EmbeddingConfigSpec` takes with feature columns (`SUPPORTED_OPTIMIZERS`) and
+AdagradMomentum, ProximalYogi and FrequencyEstimator, which its engine trains when a
+dict-configured spec names them.
 The update rules they stand for are defined once, in numpy, in `tpu_fc.reference`.
 """
 from tpu_fc._tf import tf
@@ -24,12 +28,23 @@ def _check_non_negative(name, value):
         name, value))
 
 
+def _check_beta(name, value):
+  if value < 0. or value >= 1.:
+    raise ValueError('{} must be between 0. and 1; got {}.'.format(name, value))
+
+
+def _check_epsilon(value):
+  if value <= 0.:
+    raise ValueError('epsilon must be positive; got {}.'.format(value))
+
+
 class _OptimizationParameters:
   """Fields and validation shared by every legacy optimizer.
 
   Class attributes of each subclass:
     SLOTS: (legacy TPU checkpoint suffix, mid-level slot name) per slot variable, in
-      the order the mid-level optimizer creates them.
+      the order the mid-level optimizer creates them (without a mid-level twin: the
+      order of TF 2.15's `_*Handler`, tpu_fc's names).
   """
   SLOTS = ()
 
@@ -51,7 +66,13 @@ class _OptimizationParameters:
       raise ValueError('When using gradient clipping limits, gradient  '
                        'accumulation must be enabled.')
 
-  def _freeze(self):
+  def _keep(self, arguments, **derived):
+    """Stores a subclass constructor's own arguments (its `locals()` less the
+    common ones) and `derived` fields, in that order, then freezes."""
+    own = {name: value for name, value in arguments.items()
+           if name not in _COMMON_FIELDS + ('self', '__class__')}
+    for name, value in dict(own, **derived).items():
+      object.__setattr__(self, name, value)
     object.__setattr__(self, '_frozen', True)
 
   def __setattr__(self, name, value):
@@ -131,7 +152,7 @@ class StochasticGradientDescentParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self._freeze()
+    self._keep(locals())
 
   def to_mid_level(self, learning_rate=None):
     return tf.tpu.experimental.embedding.SGD(
@@ -151,8 +172,7 @@ class AdagradParameters(_OptimizationParameters):
     if initial_accumulator <= 0:
       raise ValueError(f'Adagrad initial_accumulator must be greater than zero. '
                        f'Received: {initial_accumulator}.')
-    self.initial_accumulator = initial_accumulator
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator}
@@ -185,10 +205,7 @@ class ProximalAdagradParameters(_OptimizationParameters):
                        f'Received: {initial_accumulator}.')
     _check_non_negative('l1_regularization_strength', l1_regularization_strength)
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
-    self.initial_accumulator = initial_accumulator
-    self.l1_regularization_strength = l1_regularization_strength
-    self.l2_regularization_strength = l2_regularization_strength
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator}
@@ -205,21 +222,13 @@ class AdamParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    if beta1 < 0. or beta1 >= 1.:
-      raise ValueError('beta1 must be between 0. and 1; got {}.'.format(beta1))
-    if beta2 < 0. or beta2 >= 1.:
-      raise ValueError('beta2 must be between 0. and 1; got {}.'.format(beta2))
-    if epsilon <= 0.:
-      raise ValueError('epsilon must be positive; got {}.'.format(epsilon))
+    _check_beta('beta1', beta1)
+    _check_beta('beta2', beta2)
+    _check_epsilon(epsilon)
     if not use_gradient_accumulation and not lazy_adam:
       raise ValueError(
           'When disabling Lazy Adam, gradient accumulation must be used.')
-    self.beta1 = beta1
-    self.beta2 = beta2
-    self.epsilon = epsilon
-    self.lazy_adam = lazy_adam
-    self.sum_inside_sqrt = sum_inside_sqrt
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'momenta': 0.0, 'velocities': 0.0}
@@ -255,15 +264,7 @@ class FtrlParameters(_OptimizationParameters):
                        ' to 0. got {}.'.format(initial_accumulator_value))
     _check_non_negative('l1_regularization_strength', l1_regularization_strength)
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
-    self.learning_rate_power = learning_rate_power
-    self.initial_accumulator_value = initial_accumulator_value
-    self.initial_linear_value = 0.0
-    self.l1_regularization_strength = l1_regularization_strength
-    self.l2_regularization_strength = l2_regularization_strength
-    self.multiply_linear_by_learning_rate = multiply_linear_by_learning_rate
-    self.beta = beta
-    self.allow_zero_accumulator = allow_zero_accumulator
-    self._freeze()
+    self._keep(locals(), initial_linear_value=0.0)
 
   def slot_initial_values(self):
     return {'accumulators': self.initial_accumulator_value,
@@ -303,9 +304,7 @@ class MomentumParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self.momentum = momentum
-    self.use_nesterov = use_nesterov
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'momenta': 0.0}
@@ -327,15 +326,103 @@ class RMSPropParameters(_OptimizationParameters):
                multiply_weight_decay_factor_by_learning_rate=None,
                clip_gradient_min=None, clip_gradient_max=None):
     super().__init__(**_common(locals()))
-    self.rho = rho
-    self.momentum = momentum
-    self.epsilon = epsilon
-    self._freeze()
+    self._keep(locals())
 
   def slot_initial_values(self):
     return {'ms': 0.0, 'mom': 0.0}
 
 
+class AdagradMomentumParameters(_OptimizationParameters):
+  """Momentum over the Adagrad-scaled gradient (`tpu_fc.reference`)."""
+  SLOTS = (('AdagradMomentum/Accumulator', 'accumulators'),
+           ('AdagradMomentum/Momentum', 'momenta'))
+
+  def __init__(self, learning_rate, momentum, use_nesterov=False, exponent=2,
+               beta2=1, epsilon=1e-10, use_gradient_accumulation=True,
+               clip_weight_min=None, clip_weight_max=None,
+               weight_decay_factor=None,
+               multiply_weight_decay_factor_by_learning_rate=None,
+               clip_gradient_min=None, clip_gradient_max=None):
+    super().__init__(**_common(locals()))
+    if epsilon <= 0:
+      raise ValueError('Adagrad momentum: epsilon must be positive')
+    if exponent <= 0:
+      raise ValueError('Adagrad momentum: Precondition exponent must >0')
+    self._keep(locals())
+
+  def slot_initial_values(self):
+    return {'accumulators': 0.0, 'momenta': 0.0}
+
+  def to_mid_level(self, learning_rate=None):
+    return tf.tpu.experimental.embedding.AdagradMomentum(
+        momentum=self.momentum, use_nesterov=self.use_nesterov,
+        exponent=self.exponent, beta2=self.beta2, epsilon=self.epsilon,
+        **self._mid_level_common(learning_rate))
+
+
+class ProximalYogiParameters(_OptimizationParameters):
+  """Yogi with an l1/l2 proximal step; the mid-level API has no twin."""
+  SLOTS = (('ProximalYogi', 'velocities'), ('ProximalYogi_1', 'momenta'))
+  _NO_MID_LEVEL_TWIN = (
+      'ProximalYogiParameters has no twin in tf.tpu.experimental.embedding. '
+      'The closest mid-level optimizer is tf.tpu.experimental.embedding.Adam '
+      '(the same first moment, an exponential second moment where Yogi\'s is '
+      'additive, no l1/l2 proximal step); tf.tpu.experimental.embedding.FTRL '
+      'offers l1/l2 regularization. tpu_fc.TPUEstimator still trains with '
+      'ProximalYogiParameters.')
+
+  def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-3,
+               l1_regularization_strength=0.0, l2_regularization_strength=0.0,
+               initial_accumulator_value=1e-6, use_gradient_accumulation=True,
+               clip_weight_min=None, clip_weight_max=None,
+               weight_decay_factor=None,
+               multiply_weight_decay_factor_by_learning_rate=None,
+               clip_gradient_min=None, clip_gradient_max=None):
+    super().__init__(**_common(locals()))
+    _check_beta('beta1', beta1)
+    _check_beta('beta2', beta2)
+    _check_epsilon(epsilon)
+    _check_non_negative('l1_regularization_strength', l1_regularization_strength)
+    _check_non_negative('l2_regularization_strength', l2_regularization_strength)
+    self._keep(locals())
+
+  def slot_initial_values(self):
+    return {'velocities': self.initial_accumulator_value, 'momenta': 0.0}
+
+
+class FrequencyEstimatorParameters(_OptimizationParameters):
+  """Estimates how many global steps lie between two lookups of an id.
+
+  Not an optimizer of the gradient (which should be zero): its table, of
+  dimension 1, holds the estimate, and its learning rate must be the global
+  step (a table `learning_rate_fn` casting it); the other common fields are
+  fixed, as TF 2.15 fixes them.  No mid-level twin.
+  """
+  SLOTS = (('FrequencyEstimator', 'last_hit_step'),)
+  _DERIVED_FIELDS = _COMMON_FIELDS
+  _NO_MID_LEVEL_TWIN = (
+      'FrequencyEstimatorParameters has no twin in tf.tpu.experimental.embedding: '
+      'no mid-level optimizer estimates lookup frequencies. The closest choice '
+      'is to keep the estimate out of the embedding: a [vocabulary_size, 1] '
+      'non-trainable variable and a last-hit-step variable updated in the '
+      'training step by the rule in tpu_fc.reference (tf.tensor_scatter_nd_'
+      'update), with a tf.tpu.experimental.embedding.SGD table if it must stay '
+      'a table. tpu_fc.TPUEstimator still trains with '
+      'FrequencyEstimatorParameters.')
+
+  def __init__(self, tau, max_delta, outlier_threshold, weight_exponent):
+    super().__init__(
+        learning_rate=1.0, use_gradient_accumulation=True, clip_weight_min=None,
+        clip_weight_max=None, weight_decay_factor=None,
+        multiply_weight_decay_factor_by_learning_rate=None)
+    self._keep(locals())
+
+  def slot_initial_values(self):
+    return {'last_hit_step': 0.0}
+
+
+# What TF 2.15's EmbeddingConfigSpec takes with feature columns (its
+# `_SUPPORTED_OPTIMIZERS`, in its order: its error text lists them).
 SUPPORTED_OPTIMIZERS = (
     ProximalAdagradParameters,
     AdagradParameters,
@@ -345,7 +432,11 @@ SUPPORTED_OPTIMIZERS = (
     MomentumParameters,
     RMSPropParameters,
 )
-_BY_NAME = {cls.__name__: cls for cls in SUPPORTED_OPTIMIZERS}
+# Every legacy optimizer: with dict configs the spec takes these too.
+ALL_OPTIMIZERS = SUPPORTED_OPTIMIZERS + (
+    AdagradMomentumParameters, ProximalYogiParameters,
+    FrequencyEstimatorParameters)
+_BY_NAME = {cls.__name__: cls for cls in ALL_OPTIMIZERS}
 
 
 def as_tpu_fc_parameters(parameters):
@@ -355,7 +446,7 @@ def as_tpu_fc_parameters(parameters):
   they are converted field by field so one engine serves both.  Anything else is
   returned unchanged for the caller to reject.
   """
-  if isinstance(parameters, SUPPORTED_OPTIMIZERS):
+  if isinstance(parameters, ALL_OPTIMIZERS):
     return parameters
   cls = _BY_NAME.get(type(parameters).__name__)
   if cls is None or not type(parameters).__module__.startswith('tensorflow'):
@@ -401,6 +492,11 @@ def from_mid_level(optimizer):
   if isinstance(optimizer, embedding.Adagrad):
     return AdagradParameters(
         initial_accumulator=optimizer.initial_accumulator_value, **common)
+  if isinstance(optimizer, embedding.AdagradMomentum):
+    return AdagradMomentumParameters(
+        momentum=optimizer.momentum, use_nesterov=optimizer.use_nesterov,
+        exponent=optimizer.exponent, beta2=optimizer.beta2,
+        epsilon=optimizer.epsilon, **common)
   if isinstance(optimizer, embedding.Adam):
     return AdamParameters(
         beta1=optimizer.beta_1, beta2=optimizer.beta_2,
@@ -420,4 +516,5 @@ def from_mid_level(optimizer):
     return StochasticGradientDescentParameters(**common)
   raise NotImplementedError(
       'tpu_fc cannot train tables with the mid-level optimizer {}; supported: '
-      'SGD, Adagrad, Adam, FTRL.'.format(type(optimizer).__name__))
+      'SGD, Adagrad, AdagradMomentum, Adam, FTRL.'.format(
+          type(optimizer).__name__))

@@ -26,9 +26,9 @@ Step order (each choice and its source):
    i.e. `DecoupledWeightDecayExtension`) and uses the pre-update weights of
    the updated rows: `w_new = rule(w) - wd·w`, with
    `wd = weight_decay_factor` (None/0 = off), times the learning rate when
-   `multiply_weight_decay_factor_by_learning_rate`.  For FTRL and
-   ProximalAdagrad, whose rule reads `w`, this differs from "decay first,
-   then apply the rule"; the device order is unverified.
+   `multiply_weight_decay_factor_by_learning_rate`.  For FTRL, ProximalAdagrad
+   and ProximalYogi, whose rule is not `w` minus a step, this differs from
+   "decay first, then apply the rule"; the device order is unverified.
 5. **Weight clipping** clamps the updated rows to
    `[clip_weight_min, clip_weight_max]` (proto: "Limits to which to clip the
    weight values after the backward pass"), so it comes last.
@@ -58,7 +58,8 @@ caller resolves `TableConfig.learning_rate` / `learning_rate_fn` first.
 Optimizers are recognised by class name and read only the legacy attribute
 names, so TF 2.15's `tf.compat.v1.tpu.experimental.*Parameters` and tpu_fc's
 own classes both work.  Slot names are the mid-level ones
-(`tf.tpu.experimental.embedding`), initial values those of the legacy
+(`tf.tpu.experimental.embedding`; tpu_fc's for optimizers without a mid-level
+twin, `tpu_fc.optimizers` SLOTS), initial values those of the legacy
 `_*Handler.create_variables_and_ops` initializers.
 """
 import collections
@@ -159,6 +160,94 @@ def _rms_prop(params, w, slots, g, lr):
   return w - mom, {'ms': ms, 'mom': mom}
 
 
+def _adagrad_momentum(params, w, slots, g, lr):
+  """AdagradMomentum: momentum over the Adagrad-scaled gradient.
+
+  `a = β2 == 1 ? a + g² : β2 a + (1-β2) g²;  s = g · (a + ε)^(-1/k);`
+  `m = μ m + s;  w -= η (use_nesterov ? μ m + s : m)`, with `k = exponent`,
+  `μ = momentum`; both slots start at 0.
+
+  Sources: TF's TPU test of the mid-level optimizer
+  (`tensorflow/python/tpu/tests/tpu_embedding_base_test.py`,
+  `_check_embedding_and_slot_variables_for_adagrad_momentum`: one step from
+  zero slots with momentum 0.9, Nesterov, exponent 3, β2 0.9, ε 0.1, checking
+  the table, `accumulators` and `momenta = g·s`) and TF's SparseCore kernel of
+  the same optimizer (`tensorflow/core/tpu/kernels/sparse_core_xla_ops.cc`,
+  `XlaSparseDenseMatmulGradWithAdagradMomentumAndCsrInputOp`), which is this
+  rule at every step.  `optimization_parameters.proto` (and LEGACY_SEMANTICS
+  §4.4, copied from it) writes the momentum over `(a + ε)^(-1/k)` alone and
+  multiplies by g in the weight update; its momenta would hold no g, which the
+  TPU test's momenta refute, so the proto's text is not taken.  Beyond one step
+  the TPU is pinned by the kernel, not by a TPU test.
+  """
+  mu, k, b2, eps = _hyper(params, 'momentum', 'exponent', 'beta2', 'epsilon')
+  if b2 == _ONE:
+    a = slots['accumulators'] + g * g
+  else:
+    a = b2 * slots['accumulators'] + (_ONE - b2) * g * g
+  scaled = g * np.power(a + eps, -(_ONE / k))
+  m = mu * slots['momenta'] + scaled
+  step = mu * m + scaled if params.use_nesterov else m
+  return w - lr * step, {'accumulators': a, 'momenta': m}
+
+
+def _proximal_yogi(params, w, slots, g, lr):
+  """ProximalYogi, lazy, without bias correction.
+
+  `m = β1 m + (1-β1) g;  v += (1-β2) · sign(g² - v) · g²;  ηₜ = η / (√v + ε);`
+  `u = w - ηₜ m;  w = sign(u) · max(|u| - ηₜ λ1, 0) / (1 + ηₜ λ2)`,
+  `v` (slot `velocities`) from `initial_accumulator_value`, `m` (`momenta`)
+  from 0.
+
+  Sources: `optimization_parameters.proto` (`ProximalYogiParameters`: the
+  Yogi paper's Algorithm 2, https://papers.nips.cc/paper/8186, "plus some
+  extensions based on FTRL", lazy, no hyper-parameter update: the bias
+  correction `η √(1-β2^t)/(1-β1^t)` is the user's dynamic learning rate; its
+  reserved `sign`/`tanh` fields: the sign activation); TF Addons' `Yogi`
+  (`tensorflow_addons/optimizers/yogi.py`, the open-source form with TF 2.15's
+  defaults and l1/l2: its `v` update, per-coordinate rate and proximal step
+  `_solve`, whose value equals the formula above).  The proto gives no
+  formula: the device's order of operations (and whether its l1/l2 step is
+  this proximal one) is not pinned by a source.
+  """
+  b1, b2, eps, l1, l2 = _hyper(params, 'beta1', 'beta2', 'epsilon',
+                               'l1_regularization_strength',
+                               'l2_regularization_strength')
+  m = b1 * slots['momenta'] + (_ONE - b1) * g
+  g2 = g * g
+  v = slots['velocities'] + (_ONE - b2) * np.sign(g2 - slots['velocities']) * g2
+  lr_t = lr / (np.sqrt(v) + eps)
+  u = w - lr_t * m
+  shrunk = np.sign(u) * np.maximum(np.abs(u) - lr_t * l1, _ZERO)
+  return shrunk / (_ONE + lr_t * l2), {'velocities': v, 'momenta': m}
+
+
+def _frequency_estimator(params, w, slots, g, lr):
+  """FrequencyEstimator: the table row D is the mean of the global steps
+  between two lookups of its id; `lr` is the global step.
+
+  `delta = step - last_hit_step;  c = min(delta, max_delta);`
+  `D = delta >= outlier_threshold · D ? c : D (1-τ) + c τ;`
+  `last_hit_step = step`; the gradient is not read (it should be zero).
+
+  Source: `optimization_parameters.proto`, `FrequencyEstimatorParameters`
+  ("The exact sequence of operations used in the optimizer"); TF 2.15's
+  class docstring: the learning rate is to be the float32 global step (a
+  table `learning_rate_fn`).  The proto also says D starts at `max_delta`:
+  that is the table's initializer, the user's.  `weight_exponent` ("(delta /
+  max_delta) ^ weight_exponent") takes no part in the update; what the device
+  does with it is not pinned by a source, and lookups return D.
+  """
+  del g
+  tau, max_delta, threshold = _hyper(params, 'tau', 'max_delta',
+                                     'outlier_threshold')
+  delta = lr - slots['last_hit_step']
+  clipped = np.minimum(delta, max_delta)
+  outlier = delta >= threshold * w
+  estimate = np.where(outlier, clipped, w * (_ONE - tau) + clipped * tau)
+  return estimate, {'last_hit_step': np.full_like(w, lr)}
+
+
 # slots(params) -> ordered {mid-level slot name: initial value}; rule as above.
 _Optimizer = collections.namedtuple('_Optimizer', ['slots', 'rule'])
 _OPTIMIZERS = {
@@ -176,6 +265,13 @@ _OPTIMIZERS = {
     'MomentumParameters': _Optimizer(lambda p: {'momenta': 0.0}, _momentum),
     'RMSPropParameters': _Optimizer(
         lambda p: {'ms': 0.0, 'mom': 0.0}, _rms_prop),
+    'AdagradMomentumParameters': _Optimizer(
+        lambda p: {'accumulators': 0.0, 'momenta': 0.0}, _adagrad_momentum),
+    'ProximalYogiParameters': _Optimizer(
+        lambda p: {'velocities': p.initial_accumulator_value, 'momenta': 0.0},
+        _proximal_yogi),
+    'FrequencyEstimatorParameters': _Optimizer(
+        lambda p: {'last_hit_step': 0.0}, _frequency_estimator),
 }
 
 

@@ -251,6 +251,20 @@ def _check_dicts_as_a_tpu_does(feature_to_config_dict, table_to_config_dict,
     raise ValueError('`optimization_parameters` is missing.')
 
 
+def _check_frequency_estimator_tables(layout, default_parameters):
+  """TF 2.15's check where its engine creates a FrequencyEstimator table
+  (`_FrequencyEstimatorHandler.create_variables_and_ops`), naming the table."""
+  for table in layout.tables:
+    if (isinstance(table.optimizer or default_parameters,
+                   optimizers.FrequencyEstimatorParameters) and
+        table.dimension != 1):
+      raise ValueError(
+          'FrequencyEstimator tables should only have a dimension of 1. '
+          'Received dimension {} (table {!r}): its one number per id is the '
+          'estimate; make the table dimension=1.'.format(table.dimension,
+                                                         table.name))
+
+
 def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   tables = {name: _table_spec_from_config(name, config)
             for name, config in table_to_config_dict.items()}
@@ -296,7 +310,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     feature_columns: the `embedding_column` / `shared_embedding_columns`
       columns the model_fn uses (or give both dicts below instead).
     optimization_parameters: the tables' optimizer: one of the seven
-      `*Parameters` (tpu_fc's or TF 2.15's), or a mid-level optimizer.
+      `*Parameters` of `tpu_fc.optimizers.SUPPORTED_OPTIMIZERS` (tpu_fc's or
+      TF 2.15's), or a mid-level optimizer; with the dicts, as in TF 2.15,
+      also AdagradMomentum, ProximalYogi or FrequencyEstimator parameters.
     clipping_limit: accepted and ignored, as in TF 2.15.
     pipeline_execution_with_tensor_core: each step's lookup runs before the
       previous step's table update lands, as on a TPU that overlaps them.
@@ -394,8 +410,10 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     _check_dicts_as_a_tpu_does(self.feature_to_config_dict,
                                self.table_to_config_dict,
                                self.optimization_parameters)
-    return _layout_from_dicts(self.feature_to_config_dict,
-                              self.table_to_config_dict)
+    layout = _layout_from_dicts(self.feature_to_config_dict,
+                                self.table_to_config_dict)
+    _check_frequency_estimator_tables(layout, self.optimization_parameters)
+    return layout
 
   def tensor_core_layout(self):
     """Tables and features looked up on the tensor core, trained by the model."""

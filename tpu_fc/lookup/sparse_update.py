@@ -10,10 +10,12 @@ the host engine (TF1 graphs through `tf.compat.v1`, also eager and tf.function):
 
 Each stage is built only when configured.  Rules run on TF's sparse training
 kernels wherever their arithmetic is the reference's (fast, in place, exact up
-to float32 rounding); the rest gather the rows, apply the reference formulas and
-scatter the rows back.  Nothing reads a whole table (or slot) except non-lazy
-Adam, which by definition updates every row: once a resource variable has had a
-sparse access every dense read copies the whole buffer (PERFORMANCE_NOTES).
+to float32 rounding); the rest (Adam, AdagradMomentum, ProximalYogi and
+FrequencyEstimator, which no TF kernel computes) gather the rows, apply the
+reference formulas and scatter the rows back.  Nothing reads a whole table (or
+slot) except non-lazy Adam, which by definition updates every row: once a
+resource variable has had a sparse access every dense read copies the whole
+buffer (PERFORMANCE_NOTES).
 
 Where a kernel departs from the reference it is not used:
 * `ResourceSparseApplyProximalAdagrad` rejects `lr <= 0` (InvalidArgument),
@@ -234,6 +236,50 @@ def _proximal_adagrad_rows(parameters, w, slots, g, lr):
   return shrunk / (one + lr_t * l2), {'accumulators': a}
 
 
+def _adagrad_momentum_rows(parameters, w, slots, g, lr):
+  """AdagradMomentum as the reference writes it (no TF kernel has its rule)."""
+  momentum, exponent, beta2, epsilon = _hyper(parameters, 'momentum',
+                                              'exponent', 'beta2', 'epsilon')
+  one = tf.constant(_F32(1.0))
+  if parameters.beta2 == 1:
+    a = slots['accumulators'] + g * g
+  else:
+    a = beta2 * slots['accumulators'] + (one - beta2) * g * g
+  scaled = g * tf.pow(a + epsilon, -(one / exponent))
+  m = momentum * slots['momenta'] + scaled
+  step = momentum * m + scaled if parameters.use_nesterov else m
+  return w - lr * step, {'accumulators': a, 'momenta': m}
+
+
+def _proximal_yogi_rows(parameters, w, slots, g, lr):
+  """ProximalYogi as the reference writes it (TF has no Yogi kernel)."""
+  beta1, beta2, epsilon, l1, l2 = _hyper(
+      parameters, 'beta1', 'beta2', 'epsilon', 'l1_regularization_strength',
+      'l2_regularization_strength')
+  one = tf.constant(_F32(1.0))
+  m = beta1 * slots['momenta'] + (one - beta1) * g
+  g2 = g * g
+  v = slots['velocities'] + (one - beta2) * tf.sign(
+      g2 - slots['velocities']) * g2
+  lr_t = lr / (tf.sqrt(v) + epsilon)
+  u = w - lr_t * m
+  shrunk = tf.sign(u) * tf.maximum(tf.abs(u) - lr_t * l1,
+                                   tf.constant(_F32(0.0)))
+  return shrunk / (one + lr_t * l2), {'velocities': v, 'momenta': m}
+
+
+def _frequency_estimator_rows(parameters, w, slots, g, lr):
+  """FrequencyEstimator as the reference writes it; `lr` is the global step."""
+  del g
+  tau, max_delta, threshold = _hyper(parameters, 'tau', 'max_delta',
+                                     'outlier_threshold')
+  delta = lr - slots['last_hit_step']
+  clipped = tf.minimum(delta, max_delta)
+  estimate = tf.where(delta >= threshold * w, clipped,
+                      w * (tf.constant(_F32(1.0)) - tau) + clipped * tau)
+  return estimate, {'last_hit_step': tf.fill(tf.shape(w), lr)}
+
+
 def _ftrl_kernel_is_exact(parameters):
   """False where the kernel's unguarded division can give NaN (or l2 < 0)."""
   zero_accumulator = (parameters.initial_accumulator_value == 0 and
@@ -268,6 +314,12 @@ _RULES = {
                                          False),
     optimizers.RMSPropParameters: _Rule(_rms_prop_kernel, None, _always,
                                         False),
+    optimizers.AdagradMomentumParameters: _Rule(None, _adagrad_momentum_rows,
+                                                _always, False),
+    optimizers.ProximalYogiParameters: _Rule(None, _proximal_yogi_rows,
+                                             _always, False),
+    optimizers.FrequencyEstimatorParameters: _Rule(
+        None, _frequency_estimator_rows, _always, False),
 }
 
 
@@ -317,18 +369,23 @@ def _weight_decay(parameters, lr):
 
 
 def _rows_step(row_rule, parameters, table, slots, rows, g, lr):
-  """Gather, rule, decay, clip, scatter: one read and one write per variable."""
+  """Gather, rule, decay, clip, scatter: one read and one write per variable.
+
+  Every write waits for every read: a new value need not depend on the old one
+  (FrequencyEstimator's `last_hit_step` is the step), and a graph would
+  otherwise be free to write it first.
+  """
   w = rows.read(table)
-  w_new, new_slots = row_rule(
-      parameters, w, {name: rows.read(var) for name, var in slots.items()},
-      g, lr)
+  old_slots = {name: rows.read(var) for name, var in slots.items()}
+  w_new, new_slots = row_rule(parameters, w, old_slots, g, lr)
   decay = _weight_decay(parameters, lr)
   if decay is not None:
     w_new = w_new - decay * w
   w_new = _clip(w_new, parameters.clip_weight_min, parameters.clip_weight_max)
-  return tf.group([rows.write(table, w_new)] +
-                  [rows.write(slots[name], value)
-                   for name, value in new_slots.items()])
+  with tf.control_dependencies([w] + list(old_slots.values())):
+    return tf.group([rows.write(table, w_new)] +
+                    [rows.write(slots[name], value)
+                     for name, value in new_slots.items()])
 
 
 def _kernel_step(kernel, parameters, table, slots, ids, g, lr):
