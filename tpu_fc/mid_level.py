@@ -23,36 +23,8 @@ import types
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
-from tpu_fc.lookup import embedding_core
-
-
-def _as_ids(path, value, feature):
-  """A feature's input as the engine takes it: dense ids one per example."""
-  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
-    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
-                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
-                         path, type(value)))
-  if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
-    raise ValueError(
-        'Input {}: the values contained by the inputs have type {} and cannot '
-        'be processed. All values should be indices, either of type `int32` or '
-        '`int64`.'.format(path, value.dtype))
-  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-    return value
-  if feature.max_sequence_length > 0:
-    raise ValueError('Feature {} is a sequence feature but a dense tensor was '
-                     'passed.'.format(path))
-  shape = value.shape
-  if shape.rank is None or shape.rank > 2 or (shape.rank == 2 and
-                                              shape[1] != 1):
-    raise ValueError(
-        'Dense input {} has shape {}: a dense input holds one id per example '
-        '([batch] or [batch, 1]), as on a TPU. Pass a SparseTensor or '
-        'RaggedTensor to combine several ids per example.'.format(path, shape))
-  ids = tf.reshape(tf.cast(value, tf.int64), [-1])
-  rows = tf.range(tf.size(ids, out_type=tf.int64))
-  return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
-                         tf.stack([tf.size(ids, out_type=tf.int64), 1]))
+from tpu_fc.lookup import host_engine
+from tpu_fc.lookup import inputs
 
 
 def _output_sequence_length(path, feature, value, num_cores):
@@ -97,26 +69,6 @@ def _check_output_shape(path, feature):
         'Feature {}: output_shape {} must be fully defined with a batch '
         'dimension first, e.g. [batch] or [batch, sequence_length].'.format(
             path, shape))
-
-
-def _weight_values(path, weight, value, feature, sequence_length):
-  """The float32 weights of one feature's ids, or None (TF's checks, texts;
-  TF's CPU lookups drop the weights of an `output_shape` sequence, tpu_fc
-  refuses them as a TPU's enqueue refuses a sequence feature's)."""
-  if weight is None:
-    return None
-  if isinstance(value, tf.Tensor):
-    raise ValueError('Weight specified for dense input {}, which is not '
-                     'allowed. Weight will always be 1 in this case.'.format(
-                         path))
-  if not isinstance(weight, type(value)):
-    raise ValueError('Weight for {} is type {} which does not match type input '
-                     'which is {}.'.format(path, type(weight),
-                                           type(value).__name__))
-  if feature.max_sequence_length > 0 or sequence_length:
-    raise ValueError('Weight specified for {}, but this is a sequence '
-                     'feature.'.format(path))
-  return tf.cast(weight.values, tf.float32)
 
 
 # The engine builds its ops with explicit tf.cond: AutoGraph converting its
@@ -184,17 +136,18 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
             for table in self._table_config}
 
   def _engine_for(self, sequence_lengths):
-    """The engine, made at the first enqueue: the `output_shape` features'
-    sequence lengths (`_output_sequence_length`) complete its layout."""
+    """The engine and its layout, made at the first enqueue: the `output_shape`
+    features' sequence lengths (`_output_sequence_length`) complete the
+    layout."""
     if self._engine is None:
       self._output_sequence_lengths = sequence_lengths
-      self._engine = embedding_core.HostEmbeddingEngine(
+      self._engine = host_engine.HostEmbeddingEngine(
           spec_lib.layout_of_mid_level(self._named, sequence_lengths),
-          optimization_parameters=None)
-      self._engine.use_variables(
-          {name: v['parameters'] for name, v in self._variables.items()},
-          {name: {slot: var for slot, var in v.items() if slot != 'parameters'}
-           for name, v in self._variables.items()})
+          optimization_parameters=None,
+          tables={name: v['parameters'] for name, v in self._variables.items()},
+          slots={name: {slot: var for slot, var in v.items()
+                        if slot != 'parameters'}
+                 for name, v in self._variables.items()})
     for path, length in sequence_lengths.items():
       first = self._output_sequence_lengths[path]
       if length != first:
@@ -236,22 +189,17 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if weights is not None:
       tf.nest.assert_same_structure(self._feature_config, weights)
       flat_weights = tf.nest.flatten(weights)
-    ids, weight_values, sequence_lengths = {}, {}, {}
-    for path, value, weight, feature in zip(self._paths, flat_inputs,
-                                            flat_weights, flat_features):
-      if feature.output_shape:
-        sequence_lengths[path] = _output_sequence_length(
-            path, feature, value, self._num_cores)
-      values = _weight_values(path, weight, value, feature,
-                              sequence_lengths.get(path))
-      if values is not None:
-        weight_values[path] = values
-      ids[path] = _as_ids(path, value, feature)
+    sequence_lengths = {
+        path: _output_sequence_length(path, feature, value, self._num_cores)
+        for path, value, feature in zip(self._paths, flat_inputs,
+                                        flat_features) if feature.output_shape}
     engine = self._engine_for(sequence_lengths)
+    enqueued = inputs.mid_level(
+        engine.layout, self._named, dict(zip(self._paths, flat_inputs)),
+        dict(zip(self._paths, flat_weights)), sequence_lengths)
     for path, value in zip(self._paths, flat_inputs):
       self._check_static_batch(path, value)
-    lookup_step, activations = engine.activations(ids, self._num_cores,
-                                                  weight_values)
+    lookup_step, activations = engine.activations(enqueued, self._num_cores)
     self._step = _Step(lookup_step,
                        {path: activations[path] for path in self._paths},
                        {path: self._activation(path, activations[path])
@@ -286,15 +234,12 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     tables are not in the model's graph), its batch checked to split into
     the emulated cores, in the feature's `output_shape` when it has one (per
     core; the cores' outputs one after another)."""
-    checks = []
     rows = tf.shape(value, out_type=tf.int64)[0]
-    if self._num_cores > 1:
-      checks.append(embedding_core.check_batch_divides(
-          'Feature ' + path, rows, self._num_cores))
+    checks = inputs.batch_checks(path, rows, self._num_cores)
     shape = self._named[path].output_shape
     if shape:
       examples, mismatch = self._output_examples(path)
-      checks.append(embedding_core.input_check(
+      checks.append(inputs.input_check(
           tf.equal(rows, examples),
           lambda: tf.strings.format(mismatch, rows)))
     if checks:
@@ -347,9 +292,8 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       given[path] = tf.reshape(tf.cast(gradient, tf.float32),
                                tf.shape(step.lookups[path]))
     step.applied = True
-    return self._engine.apply_gradients(step.lookup_step,
-                                        pipelined=self._pipelined,
-                                        activation_gradients=given)
+    return self._engine.apply_gradients(step.lookup_step, given,
+                                        pipelined=self._pipelined)
 
   def _trackable_children(self, *args, **kwargs):
     """The tables and slots; a checkpoint first gets the parked update of
