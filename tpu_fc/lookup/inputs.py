@@ -11,7 +11,8 @@ enqueue semantics of TF:
   its weight feature, which must be sparse.
 * `mid_level` (TF's `TPUEmbedding.enqueue`): ids and the weights given beside
   them by feature path, with TF's checks and texts; dense ids go one per
-  example.
+  example (and position: `[batch, n, 1]`), sparse ones are combined over
+  their last dimension (`[batch, n, ids]`: high-dimensional inputs).
 
 Both drop negative ids (padding) with their weights, and a sequence feature's
 entries past its `max_sequence_length`.  The batch checks of a step and the
@@ -19,6 +20,8 @@ cut of a TPU model's CPU lookups (`cut_as_enqueued`) are here too: every input
 error text of the lookup paths lives in this module.
 """
 import collections
+import dataclasses
+import functools
 
 from tpu_fc._tf import tf
 
@@ -150,22 +153,101 @@ def as_sparse(name, value, keep_zero_ids, multivalent=False):
 # The mid-level enqueue (TF's TPUEmbedding.enqueue) ------------------------------
 
 
+class MidLevelShape(collections.namedtuple('MidLevelShape',
+                                           ['output_shape', 'examples'])):
+  """How TF's `enqueue` reads one feature's input: `output_shape`, its
+  per-core output shape (TF's `_get_input_shapes` and
+  `_get_output_shapes_from_input_shapes`), and `examples`, the static shape
+  (whole batch) of the examples the engine looks up for it: `[batch]`, or
+  `[batch, n, ...]` for a high-dimensional input, whose ids are combined over
+  its last dimension."""
+
+  @property
+  def high_dimensional(self):
+    return self.examples.rank > 1
+
+
+def mid_level_shape(path, value, config, num_cores):
+  """The `MidLevelShape` of a feature's input on `num_cores` cores, with TF's
+  errors for a type or rank TF's `enqueue` refuses.
+
+  Dense ids hold one id per example and position (`[batch]`, `[batch, 1]`,
+  `[batch, n, 1]`, ...); sparse ones are combined over their last dimension
+  (`[batch, ids]`, `[batch, n, ids]`, ...); ragged ones are `[batch, ids]`.
+  A rank-2 sparse or ragged input of a sequence feature without an
+  `output_shape` is `[batch, max_sequence_length]`.  A batch that does not
+  split into the cores leaves the per-core batch unknown (the step's check
+  names it).
+  """
+  _check_mid_level_type(path, value)
+  shape = value.shape
+  if shape.rank is None:
+    raise ValueError(
+        'Input {} has an unknown rank: TF\'s enqueue reads the output shape '
+        'from the static shape of the input. Give it a static rank.'.format(
+            path))
+  if isinstance(value, tf.Tensor):
+    if shape.rank < 1:
+      raise ValueError('Only rank 1 and above dense tensor is supported, find '
+                       'rank {} sparse tensor for input {}'.format(
+                           shape.rank, path))
+    if shape.rank > 1 and shape[-1] != 1:
+      raise ValueError(  # TF's text, naming the input and what to do
+          'Rank 2 or above dense tensor should have last dimension as 1 as the '
+          'last dimension will always be reduced. Instead got dense tensor as '
+          'shape {} (input {}: a dense input holds one id per example and '
+          'position, [batch, ..., 1]; pass a SparseTensor or RaggedTensor to '
+          'combine several ids).'.format(shape.as_list(), path))
+    examples = shape[:-1] if shape.rank > 1 else shape
+  elif isinstance(value, tf.SparseTensor):
+    if shape.rank < 2:
+      raise ValueError('Only rank 2 and above sparse tensor is supported, find '
+                       'rank {} sparse tensor for input {}'.format(
+                           shape.rank, path))
+    examples = shape[:-1]
+    if examples[0] is None:  # (e.g. a dense shape tf.stack-ed of constants)
+      examples = tf.TensorShape([tf.get_static_value(
+          value.dense_shape[0])]).concatenate(examples[1:])
+  else:
+    if shape.rank != 2:
+      raise ValueError('Only rank 2 ragged tensor is supported, find rank {} '
+                       'ragged tensor for input {}'.format(shape.rank, path))
+    examples = shape[:1]
+  output = examples.as_list()
+  output[0] = (output[0] // num_cores
+               if output[0] is not None and output[0] % num_cores == 0 else None)
+  if (examples.rank == 1 and not isinstance(value, tf.Tensor) and
+      not config.output_shape and config.max_sequence_length > 0):
+    output.append(config.max_sequence_length)
+  return MidLevelShape(tf.TensorShape(output), examples)
+
+
 def mid_level(layout, configs, inputs, weights, sequence_lengths):
   """The `Enqueued` of a mid-level `enqueue`, with TF's checks and texts.
 
   `configs`, `inputs` and `weights` map each feature path to its
-  `FeatureConfig`, its ids and the weights given for them (or None);
-  `sequence_lengths` maps the paths with an `output_shape` to the sequence
-  length it makes of the input (0: combined per example).
+  `FeatureConfig`, its ids (their shapes checked by `mid_level_shape`) and
+  the weights given for them (or None); `sequence_lengths` maps the paths
+  whose output shape makes a sequence of a RaggedTensor (`tpu_fc.mid_level`)
+  to its length (0: combined per example).  A high-dimensional input's
+  examples are its `[batch, n, ...]` positions, one after another.
   """
-  ids, given = {}, {}
+  ids, given, lengths = {}, {}, dict(sequence_lengths)
   for path, config in configs.items():
-    given[path] = _mid_level_weights(path, weights[path], inputs[path], config,
+    value = inputs[path]
+    if isinstance(value, tf.SparseTensor) and value.shape.rank > 2:
+      if config.max_sequence_length:
+        _log_max_sequence_length_ignored(path, value.shape.rank)
+      lengths[path] = 0  # TF's rule: combined over the last dimension
+    given[path] = _mid_level_weights(path, weights[path], value, config,
                                      sequence_lengths.get(path))
-    ids[path] = _mid_level_ids(path, inputs[path], config)
+    ids[path] = _mid_level_ids(path, value, config)
   features = {}
   for table in layout.tables:
     for feature in layout.features_of(table.name):
+      if feature.name in lengths:
+        feature = dataclasses.replace(
+            feature, max_sequence_length=lengths[feature.name])
       features[feature.name] = _feature_input(
           feature, as_sparse(feature.name, ids[feature.name],
                              keep_zero_ids=table.combiner is None,
@@ -174,29 +256,39 @@ def mid_level(layout, configs, inputs, weights, sequence_lengths):
   return Enqueued(features, _ids_in_range(layout, features))
 
 
-def _mid_level_ids(path, value, config):
-  """A feature's ids: sparse or ragged as given, dense ones one per example."""
+@functools.lru_cache(maxsize=None)
+def _log_max_sequence_length_ignored(path, rank):
+  tf.compat.v1.logging.warning(  # TF's text, naming the feature
+      'Feature %s: input tensor is rank %d which is above 2, the '
+      'max_sequence_length setting will be ignored.', path, rank)
+
+
+def _check_mid_level_type(path, value):
   if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
                      'SparseTensor or RaggedTensor as input to enqueue.'.format(
                          path, type(value)))
+
+
+def _mid_level_ids(path, value, config):
+  """A feature's ids: ragged as given, sparse ones `[examples, ids]`, dense
+  ones one per example."""
+  _check_mid_level_type(path, value)
   if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
     raise ValueError(
         'Input {}: the values contained by the inputs have type {} and cannot '
         'be processed. All values should be indices, either of type `int32` or '
         '`int64`.'.format(path, value.dtype))
-  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
+  if isinstance(value, tf.RaggedTensor):
     return value
+  if isinstance(value, tf.SparseTensor):
+    if value.shape.rank == 2:
+      return value
+    return tf.sparse.reshape(value, tf.stack(
+        [tf.constant(-1, tf.int64), value.dense_shape[-1]]))
   if config.max_sequence_length > 0:
     raise ValueError('Feature {} is a sequence feature but a dense tensor was '
                      'passed.'.format(path))
-  shape = value.shape
-  if shape.rank is None or shape.rank > 2 or (shape.rank == 2 and
-                                              shape[1] != 1):
-    raise ValueError(
-        'Dense input {} has shape {}: a dense input holds one id per example '
-        '([batch] or [batch, 1]), as on a TPU. Pass a SparseTensor or '
-        'RaggedTensor to combine several ids per example.'.format(path, shape))
   ids = tf.reshape(tf.cast(value, tf.int64), [-1])
   rows = tf.range(tf.size(ids, out_type=tf.int64))
   return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
@@ -205,8 +297,8 @@ def _mid_level_ids(path, value, config):
 
 def _mid_level_weights(path, weight, value, config, sequence_length):
   """The float32 weights of one feature's ids, or None (TF's checks, texts;
-  TF's CPU lookups drop the weights of an `output_shape` sequence, tpu_fc
-  refuses them as a TPU's enqueue refuses a sequence feature's)."""
+  a sequence feature's are refused as TF's CPU lookup refuses them, also
+  those of an `output_shape` sequence, which TF's CPU lookup drops)."""
   if weight is None:
     return None
   if isinstance(value, tf.Tensor):
