@@ -283,6 +283,25 @@ def _misuses():
   def unbuilt_apply():
     _embedding()[1].apply_gradients({'f': np.zeros([BATCH, 2], np.float32)})
 
+  def non_tensor_gradient_before_any_enqueue():  # (TF's order)
+    _, embedding = _embedding()
+    embedding.build()
+    embedding.apply_gradients({'f': np.zeros([BATCH, 2], np.float32)})
+
+  def gradients_of_another_structure_before_any_enqueue():
+    _, embedding = _embedding()
+    embedding.build()
+    embedding.apply_gradients([tf.zeros([BATCH, 2])])
+
+  def slots_not_created_as_a_tpu_can():
+    def slot_variable_creation_fn(table, slot_names, slot_initializers):
+      return {name: tf.Variable(init(table.shape), name=name)
+              for name, init in zip(slot_names, slot_initializers)}
+    tpu_fc.mid_level.TPUEmbedding(
+        {'f': embedding_api.FeatureConfig(table=_table())},
+        embedding_api.Adagrad(
+            0.1, slot_variable_creation_fn=slot_variable_creation_fn)).build()
+
   return [
       (dense_ids_of_two_per_example, ValueError, r'Rank 2 or above dense '
        r'tensor should have last dimension as 1 as the last dimension will '
@@ -317,11 +336,18 @@ def _misuses():
       (unbuilt_apply, RuntimeError, 'apply_gradients called on unbuilt '
        'TPUEmbedding object. Please either call enqueue first or manually '
        'call the build method.'),
+      (non_tensor_gradient_before_any_enqueue, ValueError, "found non-tensor "
+       "type: <class 'numpy.ndarray'> at path f."),
+      (gradients_of_another_structure_before_any_enqueue, (ValueError,
+                                                           TypeError),
+       "structure"),
+      (slots_not_created_as_a_tpu_can, ValueError, 'Unable to extract '
+       'initializer function and shape from'),
   ]
 
 
 @pytest.mark.parametrize('misuse, error, text', _misuses(),
                          ids=[case[0].__name__ for case in _misuses()])
-def test_misuse_gets_tfs_error(misuse, error, text):
+def test_misuse_gets_tfs_error_in_tfs_order(misuse, error, text):
   with pytest.raises(error, match=text):
     misuse()

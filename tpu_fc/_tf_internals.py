@@ -199,6 +199,9 @@ tpu_output_shapes_from_batch_size = (
 tpu_check_output_shapes = tpu_embedding_v2.TPUEmbedding._check_output_shapes
 tpu_update_output_shapes = tpu_embedding_v2.TPUEmbedding._update_output_shapes
 tpu_is_tensor_shape_match = tpu_embedding_v2.TPUEmbedding._is_tensor_shape_match
+# What a TPU's sharded variable creator reads of a variable it makes (name,
+# shape, dtype, initializer), raising TF's error where it cannot.
+tpu_variable_info = tpu_embedding_v2.extract_variable_info
 
 
 def forget_shared_table(creator, graph):

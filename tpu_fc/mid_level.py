@@ -73,6 +73,16 @@ def _not_fully_defined(path, output_shape):
       'FeatureConfig or for the build method.'.format(path, output_shape))
 
 
+def _as_a_tpu_creates_them(next_creator, **kwargs):
+  """A variable creator refusing, with TF's error, a variable a TPU's sharded
+  variable creator could not make (its initial value must be a partial of its
+  initializer with the shape, or a callable given with the shape: TF's
+  `extract_variable_info`), e.g. one a `slot_variable_creation_fn` made
+  from a tensor."""
+  internals.tpu_variable_info(kwargs)
+  return next_creator(**kwargs)
+
+
 # The engine builds its ops with explicit tf.cond: AutoGraph converting its
 # ~130 functions made a traced step 10x slower to build (7 s vs 0.6 s).
 _not_autographed = tf.autograph.experimental.do_not_convert
@@ -142,13 +152,14 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     """TF's `build`: records the output shapes `per_replica_input_shapes` (per
     core here; or the deprecated `per_replica_batch_size`) give where no
     `FeatureConfig.output_shape` sets them (TF's rules and errors), then
-    creates the tables and slots (TF's names); enqueue calls it.
+    creates the tables and slots (TF's names) as on a TPU; enqueue calls it.
     """
     if self._built:
       return
     self._record_output_shapes(per_replica_input_shapes,
                                per_replica_batch_size)
-    super().build()
+    with tf.variable_creator_scope(_as_a_tpu_creates_them):
+      super().build()
     self._engine = host_engine.HostEmbeddingEngine(
         self._layout, optimization_parameters=None,
         tables={name: v['parameters'] for name, v in self._variables.items()},
@@ -329,8 +340,20 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
 
   @_not_autographed
   def apply_gradients(self, gradients, name=None):
-    """Applies d(loss)/d(activations) to the tables with the TPU update rules."""
+    """Applies d(loss)/d(activations) to the tables with the TPU update rules.
+
+    TF's checks first, in TF's order (built, the structure, each gradient a
+    tensor); then those of the step it applies to.
+    """
     del name
+    if not self._built:
+      self._current_step('apply_gradients')  # (raises TF's error)
+    tf.nest.assert_same_structure(self._feature_config, gradients)
+    flat_gradients = tf.nest.flatten(gradients)
+    for path, gradient in zip(self._paths, flat_gradients):
+      if gradient is not None and not isinstance(gradient, tf.Tensor):
+        raise ValueError('found non-tensor type: {} at path {}.'.format(
+            type(gradient), path))
     step = self._current_step('apply_gradients')
     if not step.training:
       raise RuntimeError('apply_gradients called after enqueue(training=False):'
@@ -344,18 +367,14 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if any(table.optimizer is None for table in self._table_config):
       raise RuntimeError('apply_gradients needs an optimizer; this TPUEmbedding'
                          ' was created with optimizer=None.')
-    tf.nest.assert_same_structure(self._feature_config, gradients)
     given = {}
-    for path, gradient in zip(self._paths, tf.nest.flatten(gradients)):
+    for path, gradient in zip(self._paths, flat_gradients):
       expected = step.activations[path].shape
       if gradient is None:
         tf.compat.v1.logging.warning(
             'No gradient passed for feature %s, sending zero gradient. This may'
             ' not be correct behavior for certain optimizers like Adam.', path)
         gradient = tf.zeros_like(step.activations[path])
-      elif not isinstance(gradient, tf.Tensor):
-        raise ValueError('found non-tensor type: {} at path {}.'.format(
-            type(gradient), path))
       elif not gradient.shape.is_compatible_with(expected):
         raise ValueError('Found gradient of shape {} at path {}. Expected '
                          'shape {}.'.format(gradient.shape, path, expected))
