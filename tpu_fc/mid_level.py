@@ -313,8 +313,9 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     outputs one after another), or a high-dimensional input's `[batch, n,
     ..., dim]`."""
     rows = tf.shape(value, out_type=tf.int64)[0]
-    positions = shape.examples[1:].num_elements() or 1
-    checks = inputs.batch_checks(path, rows // positions, self._num_cores)
+    positions = shape.examples[1:].num_elements() or 1  # (per example)
+    checks = inputs.batch_checks(
+        path, rows // positions if positions > 1 else rows, self._num_cores)
     if output_shape:
       examples, mismatch = self._output_examples(path, output_shape, length)
       checks.append(inputs.input_check(
