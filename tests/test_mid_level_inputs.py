@@ -159,15 +159,17 @@ def test_dense_ids_are_one_per_example_and_position(combiner, cores):
 
 def test_built_shapes_read_dense_sparse_and_ragged_inputs_on_two_cores():
   """TF's test_enqueue_dense_sparse_ragged: per-core input shapes given to
-  `build`; a ragged input of 2 examples per core read against the output
-  shape [2, 2] is a sequence of 2 ids per example (TF's rule)."""
+  `build` (the sparse one's last dimension unknown, as in TF's
+  correctness_hd_ragged tests); a ragged input of 2 examples per core read
+  against the output shape [2, 2] is a sequence of 2 ids per example (TF's
+  rule)."""
   table = _table('sum')
   config = [embedding_api.FeatureConfig(table=table, name=name)
             for name in ('dense', 'sparse', 'ragged')]
   embedding = tpu_fc.mid_level.TPUEmbedding(
       config, embedding_api.SGD(harness.LR), num_cores=2)
   embedding.build([tf.TensorShape([2, POSITIONS, 1]),
-                   tf.TensorShape([2, POSITIONS, WIDTH]),
+                   tf.TensorShape([2, POSITIONS, None]),
                    tf.TensorShape([2, POSITIONS, None])])
   assert embedding._output_shapes == [tf.TensorShape([2, POSITIONS])] * 3  # pylint: disable=protected-access
   ragged = tf.ragged.constant([[1, 2, 3], [4], [5, 0], []], tf.int64)
