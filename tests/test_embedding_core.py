@@ -1,4 +1,5 @@
-"""tpu_fc.lookup.embedding_core.HostEmbeddingEngine against hand-derived numpy, on both lanes.
+"""The emulated embedding core (`tpu_fc.lookup.backends.EmbeddingCoreBackend` and its
+`host_engine`) against hand-derived numpy, on both lanes.
 
 Every expected value is derived here, independently of the code under test:
 activations by hand (LEGACY_SEMANTICS §5: combiners, empty rows -> 0, dense ids
@@ -24,8 +25,8 @@ import helpers
 import tpu_fc
 from tpu_fc import naming
 from tpu_fc import reference
-from tpu_fc.lookup import embedding_core
-from tpu_fc.lookup.embedding_core import HostEmbeddingEngine
+from tpu_fc.lookup import backends
+from tpu_fc.lookup.backends import EmbeddingCoreBackend
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 
 fc = tf.feature_column
@@ -282,8 +283,9 @@ def run_engine(columns, feats, params, num_steps, num_shards,
                                         optimization_parameters=params)
     layout = spec.embedding_layout()
     table_of = {f.name: f.table for f in layout.features}
-    engine = HostEmbeddingEngine(layout, params,
-                                 gradient_multiplier_fn=gradient_multiplier_fn)
+    engine = EmbeddingCoreBackend(
+        spec._replace(experimental_gradient_multiplier_fn=gradient_multiplier_fn),
+        named_by_columns=False)
     engine.create_variables(training=True)
     step, shards = engine.lookup(features_of(feats), num_shards=num_shards)
     assert len(shards) == num_shards
@@ -556,7 +558,7 @@ def test_global_step_read_before_increment_without_model_variables():
         learning_rate_fn=lambda step: tf.cast(step, tf.float32))
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[column],
                                       optimization_parameters=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=True)
     step, shards = engine.lookup({'a': tf.SparseTensor(
         [[0, 0]], tf.constant([1], tf.int64), [1, 1])})
@@ -692,7 +694,7 @@ def test_shard_outputs_are_batch_slices():
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column(), seq.column()],
                                       optimization_parameters=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=False)
     _, shards = engine.lookup(features_of([feat, seq]), num_shards=2)
     assert [sorted(s) for s in shards] == [['s', 's_seq_length_', 'x']] * 2
@@ -753,11 +755,11 @@ def test_eval_lookup_without_training(num_shards):
     params = tpu_fc.AdamParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[f.column() for f in feats],
                                       optimization_parameters=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=False)
     table_of = {f.name: f.table for f in spec.embedding_layout().features}
     _, shards = engine.lookup(features_of(feats), num_shards=num_shards)
-    assert not graph.get_collection(embedding_core.DUMMY_VARIABLE_COLLECTION)
+    assert not graph.get_collection(backends.DUMMY_VARIABLE_COLLECTION)
     assert not tf.compat.v1.trainable_variables()
     assert engine.slots == {}
     # Tables (and the global step the engine reads) are the only variables.
@@ -819,7 +821,7 @@ def test_dict_path_combiner_none_keeps_id_zero():
             VOCAB, DIM, combiner=None,
             initializer=tf.compat.v1.constant_initializer(init))},
         optimization_parameters=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=False)
     _, shards = engine.lookup({'f': tf.constant([2, 0, 5, 0], tf.int64)})
     with tf.compat.v1.Session() as sess:
@@ -856,7 +858,7 @@ def test_checkpoint_variables_dict_path(optimizer):
   with tf.Graph().as_default() as graph:
     params = OPTIMIZERS[optimizer]()
     spec = _dict_spec(global_optimizer=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=True)
     names = engine.checkpoint_variables(graph)
   want = {}
@@ -874,16 +876,14 @@ def test_checkpoint_variables_per_table_optimizer_and_eval():
   with tf.Graph().as_default() as graph:
     spec = _dict_spec(table_optimizer=tpu_fc.AdamParameters(0.1),
                       global_optimizer=tpu_fc.AdagradParameters(0.1))
-    engine = HostEmbeddingEngine(spec.embedding_layout(),
-                                 spec.optimization_parameters)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=True)
     names = engine.checkpoint_variables(graph)
   assert sorted(names) == ['other', 'other/Adagrad', 't', 't/Adam/m', 't/Adam/v']
   assert names['t/Adam/v'] is engine.slots['t']['velocities']
   assert names['other/Adagrad'] is engine.slots['other']['accumulators']
   with tf.Graph().as_default() as graph:
-    engine = HostEmbeddingEngine(spec.embedding_layout(),
-                                 spec.optimization_parameters)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=False)
     names = engine.checkpoint_variables(graph)
   assert sorted(names) == ['other', 't']
@@ -895,7 +895,7 @@ def test_checkpoint_variables_columns_path_needs_recorded_scopes():
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column()],
                                       optimization_parameters=params)
-    engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=True)
     with pytest.raises(RuntimeError,
                        match='Embedding feature column did not capture any thing'):
@@ -909,7 +909,7 @@ def _engine_for(feats, training=False):
   params = tpu_fc.AdagradParameters(0.1)
   spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[f.column() for f in feats],
                                     optimization_parameters=params)
-  engine = HostEmbeddingEngine(spec.embedding_layout(), params)
+  engine = EmbeddingCoreBackend(spec, named_by_columns=False)
   engine.create_variables(training=training)
   return engine
 

@@ -1,7 +1,9 @@
 """The package layout the README describes: no import cycle between tpu_fc's parts.
 
 A part is a top-level module (`tpu_fc/columns.py`) or subpackage
-(`tpu_fc/lookup/`); configs (columns, spec, optimizers) know no backend.
+(`tpu_fc/lookup/`); configs (columns, spec, optimizers) know no backend.  Inside
+`lookup/`, the input module and the engine stand below their users: the engine
+is math over variables its owners create and name.
 """
 import ast
 import collections
@@ -13,7 +15,7 @@ PACKAGE = os.path.dirname(tpu_fc.__file__)
 
 
 def _part(module):
-  """'tpu_fc.lookup.embedding_core' -> 'tpu_fc.lookup'."""
+  """'tpu_fc.lookup.host_engine' -> 'tpu_fc.lookup'."""
   return '.'.join(module.split('.')[:2])
 
 
@@ -32,21 +34,34 @@ def _imported(node):
   return []
 
 
-def _part_imports():
-  """{part: the other parts it imports} (the package itself left out)."""
-  imports = collections.defaultdict(set)
+def _modules():
+  """{module name: its syntax tree} of every tpu_fc module."""
+  modules = {}
   for folder, _, files in os.walk(PACKAGE):
     for name in files:
       if not name.endswith('.py'):
         continue
       relative = os.path.relpath(os.path.join(folder, name), PACKAGE)
-      module = 'tpu_fc.' + relative[:-3].replace(os.sep, '.')
       with open(os.path.join(folder, name)) as f:
-        tree = ast.parse(f.read())
-      for node in ast.walk(tree):
-        for imported in _imported(node):
-          if _part(imported) not in (_part(module), 'tpu_fc'):
-            imports[_part(module)].add(_part(imported))
+        modules['tpu_fc.' + relative[:-3].replace(os.sep, '.')] = ast.parse(
+            f.read())
+  return modules
+
+
+def _module_imports(module):
+  """The tpu_fc modules `module` imports."""
+  return {imported for node in ast.walk(_modules()[module])
+          for imported in _imported(node)}
+
+
+def _part_imports():
+  """{part: the other parts it imports} (the package itself left out)."""
+  imports = collections.defaultdict(set)
+  for module, tree in _modules().items():
+    for node in ast.walk(tree):
+      for imported in _imported(node):
+        if _part(imported) not in (_part(module), 'tpu_fc'):
+          imports[_part(module)].add(_part(imported))
   return imports
 
 
@@ -93,3 +108,23 @@ def test_the_estimator_core_knows_no_tpu():
                 for module in _imported(node)]
     assert not [m for m in imported
                 if m.startswith('tpu_fc.estimator.tpu')], name
+
+
+def test_inputs_and_the_engine_stand_below_their_users():
+  """`inputs` needs only TensorFlow; the engine only the inputs, the update
+  rules and their reference; naming and variables are the owners' (the
+  estimator's backend, the mid-level class)."""
+  assert _module_imports('tpu_fc.lookup.inputs') == {'tpu_fc._tf'}
+  assert _module_imports('tpu_fc.lookup.host_engine') <= {
+      'tpu_fc._tf', 'tpu_fc.reference', 'tpu_fc.lookup.inputs',
+      'tpu_fc.lookup.sparse_update'}
+  for owner in ('tpu_fc.lookup.backends', 'tpu_fc.mid_level'):
+    assert 'tpu_fc.lookup.host_engine' in _module_imports(owner), owner
+
+
+def test_the_engine_creates_no_variables():
+  names = {node.attr if isinstance(node, ast.Attribute) else node.id
+           for node in ast.walk(_modules()['tpu_fc.lookup.host_engine'])
+           if isinstance(node, (ast.Attribute, ast.Name))}
+  assert not names & {'get_variable', 'Variable', 'VarHandleOp',
+                      'create_slot_variables', 'naming'}

@@ -7,6 +7,7 @@ reference oracle and against the legacy model trained by the emulated
 TPUEstimator (the migration's promise), and TF's TPU rule for several cores
 derived by hand.
 """
+import functools
 import subprocess
 import sys
 
@@ -396,7 +397,8 @@ def _misuse_cases():
       (dequeue_first, RuntimeError, 'dequeue called before enqueue'),
       (wrong_structure, (ValueError, TypeError), 'structure'),
       (strings, ValueError, 'Input ids is of unknown type'),
-      (dense_several_ids, ValueError, r'Dense input ids has shape \(2, 2\)'),
+      (dense_several_ids, ValueError, r'Rank 2 or above dense tensor should '
+       r'have last dimension as 1 .* shape \[2, 2\] \(input ids:'),
       (dense_weights, ValueError, 'Weight specified for dense input ids'),
       (gradient_shape, ValueError, r'Found gradient of shape \(4, 3\) at path '
        r'ids. Expected shape \(4, 2\)'),
@@ -482,8 +484,8 @@ def test_options_of_the_mid_level_optimizer_follow_the_tpu_rules():
   created = []
 
   def slot_variable_creation_fn(table, slot_names, slot_initializers):
-    created.extend(slot_names)
-    return {name: tf.Variable(init(table.shape), name=name)
+    created.extend(slot_names)  # (as a TPU can create them: partials)
+    return {name: tf.Variable(functools.partial(init, table.shape), name=name)
             for name, init in zip(slot_names, slot_initializers)}
 
   for cores in (1, 2):
@@ -595,11 +597,15 @@ def test_output_shape_lookups_and_updates_follow_tfs_rule(kind, output_shape,
 
 def _output_shape_misuses():
   def not_a_factor():
-    _output_shape_embedding([3])[1].enqueue(
+    _output_shape_embedding([3, 1])[1].enqueue(
         {'a': _output_shape_input('ragged')})
 
-  def dense_of_another_batch():
+  def inconsistent_with_the_output_shape():  # (TF's check of a TPU's enqueue)
     _output_shape_embedding([3])[1].enqueue({'a': _output_shape_input('dense')})
+
+  def dense_of_another_batch():
+    _output_shape_embedding([3, 1])[1].enqueue(
+        {'a': _output_shape_input('dense')})
 
   def weights_of_a_sequence():
     ids = _output_shape_input('ragged')
@@ -607,8 +613,8 @@ def _output_shape_misuses():
         {'a': ids}, weights={'a': tf.ones_like(ids, tf.float32)})
 
   def traced_dense_of_another_batch():  # (the traced graph's check was
-    _, embedding = _output_shape_embedding([3])  # optimized away on a static
-    tf.function(lambda ids: embedding.enqueue({'a': ids}))(  # batch)
+    _, embedding = _output_shape_embedding([3, 1])  # optimized away on a
+    tf.function(lambda ids: embedding.enqueue({'a': ids}))(  # static batch)
         tf.constant([1, 2], tf.int64))
 
   def dynamic_dense_of_another_batch():
@@ -617,7 +623,7 @@ def _output_shape_misuses():
         tf.TensorSpec([None], tf.int64)])(tf.constant([1, 2], tf.int64))
 
   def batch_changed():
-    _, embedding = _output_shape_embedding([8])
+    _, embedding = _output_shape_embedding([4, 2])
     embedding.enqueue({'a': _output_shape_input('ragged')})  # 2 ids each
     embedding.enqueue({'a': tf.ragged.constant([[1]] * 8, tf.int64)})
 
@@ -626,28 +632,33 @@ def _output_shape_misuses():
     tf.function(lambda ids: embedding.enqueue({'a': ids}), input_signature=[
         tf.RaggedTensorSpec([None, None], tf.int64)]).get_concrete_function()
 
-  def not_fully_defined():
-    _output_shape_embedding([None, 2])
+  def not_fully_defined():  # (TF's error, from build)
+    _output_shape_embedding([None, 2])[1].build()
 
   return [
       (not_a_factor, ValueError, r'Output shape set in the FeatureConfig should'
        r' be the factor of the input data batch size. But instead got output '
-       r'shape \(3,\), input data batch size 4 \(feature a'),
+       r'shape \(3, 1\), input data batch size 4 \(feature a'),
+      (inconsistent_with_the_output_shape, ValueError,
+       r'Inconsistent shape founded for input feature a, Output shape is set '
+       r'to be \(3,\), But got incoming output shape \(4,\)'),
       (dense_of_another_batch, ValueError,
-       r'Feature a: its output_shape \(3,\) holds 3 examples on each of 1 '
+       r'Feature a: its output_shape \(3, 1\) holds 3 examples on each of 1 '
        r'core\(s\), but this batch has 4 examples'),
       (traced_dense_of_another_batch, ValueError,
-       r'Feature a: its output_shape \(3,\) holds 3 examples .* this batch has 2'),
+       r'Feature a: its output_shape \(3, 1\) holds 3 examples .* this batch '
+       r'has 2'),
       (dynamic_dense_of_another_batch, tf.errors.InvalidArgumentError,
        r'Feature a: its output_shape \(3,\) holds 3 examples .* this batch has 2'),
       (weights_of_a_sequence, ValueError,
        'Weight specified for a, but this is a sequence feature'),
       (batch_changed, ValueError, 'Feature a: the first enqueue made its '
-       r'output_shape \(8,\) a sequence of 2 ids per example, this one one '
+       r'output_shape \(4, 2\) a sequence of 2 ids per example, this one one '
        'combined activation per example: the batch size changed'),
       (batch_not_static, ValueError, 'Feature a: .* not static'),
-      (not_fully_defined, ValueError, r'Feature a: output_shape \(None, 2\) '
-       'must be fully defined'),
+      (not_fully_defined, ValueError, r'Input Feature a has output shape set '
+       r'as \(None, 2\) which is not fully defined. Please specify the fully '
+       'defined shape in either FeatureConfig or for the build method.'),
   ]
 
 

@@ -1,6 +1,6 @@
 """tpu_fc.lookup.profile.LookupProfileHook against numpy-derived statistics, both lanes.
 
-Known ids are fed to a real `HostEmbeddingEngine` graph through sparse
+Known ids are fed to a real `EmbeddingCoreBackend` graph through sparse
 placeholders and a `SingularMonitoredSession` runs the hook; every expected
 number is recomputed here from the fed ids (padding -1 dropped): ids per example,
 unique ids per batch, hottest ids (ties to the smaller id) and, for the 'div'
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc.lookup.embedding_core import HostEmbeddingEngine
+from tpu_fc.lookup.backends import EmbeddingCoreBackend
 from tpu_fc.lookup.profile import LookupProfileHook
 from tpu_fc.lookup.profile import div_hosts
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
@@ -89,7 +89,7 @@ def run_profiled(columns, feature_names, steps, directory, after_first_step=None
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=columns,
                                       optimization_parameters=params)
     layout = spec.embedding_layout()
-    engine = HostEmbeddingEngine(layout, params)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=False)
     placeholders = {name: tf.compat.v1.sparse_placeholder(tf.int64, [None, None])
                     for name in feature_names}

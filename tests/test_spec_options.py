@@ -13,7 +13,7 @@ import helpers
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
-from tpu_fc.lookup.embedding_core import HostEmbeddingEngine
+from tpu_fc.lookup.backends import EmbeddingCoreBackend
 
 fc = tf.feature_column
 TABLE = np.arange(18, dtype=np.float32).reshape(6, 3) / 10
@@ -35,16 +35,15 @@ def _run_engine(pipelined, steps):
   """Activations seen and table after each step, plus the table after a flush."""
   spec = _spec(pipelined)
   with tf.Graph().as_default():
-    engine = HostEmbeddingEngine(spec.embedding_layout(),
-                                 spec.optimization_parameters)
+    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
     engine.create_variables(training=True)
     ids = tf.sparse.from_dense(tf.constant(IDS, tf.int64))
     step, shards = engine.lookup({'a': ids})
     activation = shards[0]['a']
     loss = tf.reduce_sum(activation * C)
     train = tf.compat.v1.train.GradientDescentOptimizer(1.).minimize(loss)
-    update = engine.apply_gradients(step, pipelined=pipelined)
-    flush = engine.flush_op()
+    update = engine.apply_gradients(step)
+    flush = engine.engine.flush_op()
     seen, tables = [], []
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())

@@ -212,6 +212,19 @@ TFTPUEmbeddingV0 = tpu_embedding_v1.TPUEmbeddingV0
 TPUEmbeddingBase = tpu_embedding_base.TPUEmbeddingBase
 # Feature paths as the mid-level API names them in its error texts ('a/b').
 flatten_with_joined_string_paths = nest.flatten_with_joined_string_paths
+# TF's `TPUEmbedding`'s rules for output shapes, which tpu_fc's runs as its own
+# methods: read from `build`'s input shapes or batch size, checked against the
+# recorded ones (TF's texts), merged into them.
+tpu_output_shapes_from_input_shapes = (
+    tpu_embedding_v2.TPUEmbedding._get_output_shapes_from_input_shapes)
+tpu_output_shapes_from_batch_size = (
+    tpu_embedding_v2.TPUEmbedding._get_output_shapes_from_batch_size)
+tpu_check_output_shapes = tpu_embedding_v2.TPUEmbedding._check_output_shapes
+tpu_update_output_shapes = tpu_embedding_v2.TPUEmbedding._update_output_shapes
+tpu_is_tensor_shape_match = tpu_embedding_v2.TPUEmbedding._is_tensor_shape_match
+# What a TPU's sharded variable creator reads of a variable it makes (name,
+# shape, dtype, initializer), raising TF's error where it cannot.
+tpu_variable_info = tpu_embedding_v2.extract_variable_info
 
 
 def forget_shared_table(creator, graph):

@@ -23,59 +23,26 @@ import types
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import host_engine
+from tpu_fc.lookup import inputs
 
 
-def _as_ids(path, value, feature):
-  """A feature's input as the engine takes it: dense ids one per example."""
-  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
-    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
-                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
-                         path, type(value)))
-  if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
-    raise ValueError(
-        'Input {}: the values contained by the inputs have type {} and cannot '
-        'be processed. All values should be indices, either of type `int32` or '
-        '`int64`.'.format(path, value.dtype))
-  if isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
-    return value
-  if feature.max_sequence_length > 0:
-    raise ValueError('Feature {} is a sequence feature but a dense tensor was '
-                     'passed.'.format(path))
-  shape = value.shape
-  if shape.rank is None or shape.rank > 2 or (shape.rank == 2 and
-                                              shape[1] != 1):
-    raise ValueError(
-        'Dense input {} has shape {}: a dense input holds one id per example '
-        '([batch] or [batch, 1]), as on a TPU. Pass a SparseTensor or '
-        'RaggedTensor to combine several ids per example.'.format(path, shape))
-  ids = tf.reshape(tf.cast(value, tf.int64), [-1])
-  rows = tf.range(tf.size(ids, out_type=tf.int64))
-  return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
-                         tf.stack([tf.size(ids, out_type=tf.int64), 1]))
-
-
-def _output_sequence_length(path, feature, value, num_cores):
-  """The sequence length a feature's `output_shape` makes of its input, or 0.
+def _output_sequence_length(path, shape, value, num_cores):
+  """The sequence length an output shape (per core) makes of a RaggedTensor.
 
   TF's rule (its CPU lookups'; a TPU reads the shape alike): a RaggedTensor
-  whose per-core batch is the output size is combined per example; one whose
-  per-core batch divides a larger output size is a sequence of output size /
-  batch ids per example (cut or padded to it).  Other inputs are combined per
-  example.  The output size is known when the config is; the batch from the
-  input's static shape, so the first enqueue fixes it, as TF's `build` does.
+  whose per-core batch is the output size is combined per example (0); one
+  whose per-core batch divides a larger output size is a sequence of output
+  size / batch ids per example (cut or padded to it).
   """
-  if not feature.output_shape or not isinstance(value, tf.RaggedTensor):
-    return 0
-  size = feature.output_shape.num_elements()
+  size = shape.num_elements()
   batch = value.shape[0]
   if batch is None:
     raise ValueError(
         'Feature {}: its output_shape {} is read against the batch size of its '
         'RaggedTensor (one activation per example, or a sequence per example), '
         'but that batch size is not static. Batch the input with '
-        'drop_remainder=True, as a TPU needs.'.format(path,
-                                                      feature.output_shape))
+        'drop_remainder=True, as a TPU needs.'.format(path, shape))
   per_core = batch // num_cores
   if size == per_core:
     return 0
@@ -84,39 +51,36 @@ def _output_sequence_length(path, feature, value, num_cores):
   raise ValueError(
       'Output shape set in the FeatureConfig should be the factor of the input '
       'data batch size. But instead got output shape {}, input data batch size '
-      '{} (feature {}, per core of {}).'.format(feature.output_shape, per_core,
-                                                path, num_cores))
+      '{} (feature {}, per core of {}).'.format(shape, per_core, path,
+                                                num_cores))
 
 
 def _check_output_shape(path, feature):
-  """A `FeatureConfig.output_shape` the activations can take, or an error."""
+  """A `FeatureConfig.output_shape` the activations can take, or an error
+  (one not fully defined gets TF's error from `build`)."""
   shape = feature.output_shape
-  if shape and (shape.rank < 1 or not shape.is_fully_defined() or
-                shape.num_elements() < 1):
+  if shape and (shape.rank < 1 or shape.num_elements() == 0):
     raise ValueError(
-        'Feature {}: output_shape {} must be fully defined with a batch '
-        'dimension first, e.g. [batch] or [batch, sequence_length].'.format(
+        'Feature {}: output_shape {} must have a batch dimension first and '
+        'hold an example, e.g. [batch] or [batch, sequence_length].'.format(
             path, shape))
 
 
-def _weight_values(path, weight, value, feature, sequence_length):
-  """The float32 weights of one feature's ids, or None (TF's checks, texts;
-  TF's CPU lookups drop the weights of an `output_shape` sequence, tpu_fc
-  refuses them as a TPU's enqueue refuses a sequence feature's)."""
-  if weight is None:
-    return None
-  if isinstance(value, tf.Tensor):
-    raise ValueError('Weight specified for dense input {}, which is not '
-                     'allowed. Weight will always be 1 in this case.'.format(
-                         path))
-  if not isinstance(weight, type(value)):
-    raise ValueError('Weight for {} is type {} which does not match type input '
-                     'which is {}.'.format(path, type(weight),
-                                           type(value).__name__))
-  if feature.max_sequence_length > 0 or sequence_length:
-    raise ValueError('Weight specified for {}, but this is a sequence '
-                     'feature.'.format(path))
-  return tf.cast(weight.values, tf.float32)
+def _not_fully_defined(path, output_shape):
+  return ValueError(  # TF's text
+      'Input Feature {} has output shape set as {} which is not fully '
+      'defined. Please specify the fully defined shape in either '
+      'FeatureConfig or for the build method.'.format(path, output_shape))
+
+
+def _as_a_tpu_creates_them(next_creator, **kwargs):
+  """A variable creator refusing, with TF's error, a variable a TPU's sharded
+  variable creator could not make (its initial value must be a partial of its
+  initializer with the shape, or a callable given with the shape: TF's
+  `extract_variable_info`), e.g. one a `slot_variable_creation_fn` made
+  from a tensor."""
+  internals.tpu_variable_info(kwargs)
+  return next_creator(**kwargs)
 
 
 # The engine builds its ops with explicit tf.cond: AutoGraph converting its
@@ -138,7 +102,22 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   `pipeline_execution_with_tensor_core`, as on a TPU, step N+1 looks up before
   step N's update lands (it is applied right after that lookup); a checkpoint
   save applies a parked update first.
+
+  Output shapes are per core, as TF's per replica: a `FeatureConfig`'s, else
+  those `build` is given; a feature with neither takes each enqueue's (TF's
+  TPU would fix them at the first enqueue and refuse another batch size
+  later; tpu_fc lets it vary, e.g. for an evaluation batch).
   """
+
+  # TF's own rules for output shapes (`build` and `enqueue`): read from input
+  # shapes or a batch size, checked against the recorded ones, merged in.
+  _get_output_shapes_from_input_shapes = (
+      internals.tpu_output_shapes_from_input_shapes)
+  _get_output_shapes_from_batch_size = (
+      internals.tpu_output_shapes_from_batch_size)
+  _check_output_shapes = internals.tpu_check_output_shapes
+  _update_output_shapes = internals.tpu_update_output_shapes
+  _is_tensor_shape_match = internals.tpu_is_tensor_shape_match
 
   def __init__(self, feature_config, optimizer,
                pipeline_execution_with_tensor_core=False, num_cores=1):
@@ -160,19 +139,62 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
           num_cores))
     self._num_cores = num_cores
     # What the engine cannot do is refused now (a combiner, an optimizer), not
-    # at the first enqueue, whose inputs complete the layout.
-    spec_lib.layout_of_mid_level(self._named)
+    # at the first enqueue.
+    self._layout = spec_lib.layout_of_mid_level(self._named)
     self._engine = None
-    self._output_sequence_lengths = None
+    self._first_sequence_lengths = {}  # what the first enqueue read its
+    # output shapes as (`_output_sequence_length`)
     self._step = None  # what enqueue looked up, for dequeue / apply_gradients
 
   # Variables -------------------------------------------------------------------
 
   def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
-    """Creates the tables and slots (TF's names); enqueue calls it."""
-    del per_replica_input_shapes, per_replica_batch_size  # shapes come per step
-    if not self._built:
+    """TF's `build`: records the output shapes `per_replica_input_shapes` (per
+    core here; or the deprecated `per_replica_batch_size`) give where no
+    `FeatureConfig.output_shape` sets them (TF's rules and errors), then
+    creates the tables and slots (TF's names) as on a TPU; enqueue calls it.
+    """
+    if self._built:
+      return
+    self._record_output_shapes(per_replica_input_shapes,
+                               per_replica_batch_size)
+    with tf.variable_creator_scope(_as_a_tpu_creates_them):
       super().build()
+    self._engine = host_engine.HostEmbeddingEngine(
+        self._layout, optimization_parameters=None,
+        tables={name: v['parameters'] for name, v in self._variables.items()},
+        slots={name: {slot: var for slot, var in v.items()
+                      if slot != 'parameters'}
+               for name, v in self._variables.items()})
+
+  def _record_output_shapes(self, per_replica_input_shapes,
+                            per_replica_batch_size):
+    """TF's `_get_and_update_output_shapes_from_input`, but a feature no
+    shape was given for keeps none (its enqueues' inputs give it)."""
+    incoming = None
+    if per_replica_batch_size and per_replica_input_shapes is None:
+      tf.compat.v1.logging.warning(
+          'per_replica_batch_size argument will be deprecated, please specify '
+          'all the input shapes using per_replica_input_shapes argument.')
+      incoming = self._get_output_shapes_from_batch_size(per_replica_batch_size)
+    if isinstance(per_replica_input_shapes, int):
+      tf.compat.v1.logging.warning(
+          'Passing batch size to per_replica_input_shapes argument will be '
+          'deprecated, please specify all the input shapes using '
+          'per_replica_input_shapes argument.')
+      incoming = self._get_output_shapes_from_batch_size(
+          per_replica_input_shapes)
+    elif per_replica_input_shapes is not None:
+      tf.nest.assert_same_structure(tf.nest.flatten(per_replica_input_shapes),
+                                    tf.nest.flatten(self._feature_config))
+      incoming = self._get_output_shapes_from_input_shapes(
+          tf.nest.flatten(per_replica_input_shapes))
+    if incoming is not None:
+      self._check_output_shapes(incoming)
+      self._update_output_shapes(incoming)
+    for path, shape in zip(self._paths, self._output_shapes):
+      if shape and not shape.is_fully_defined():
+        raise _not_fully_defined(path, shape)
 
   def _maybe_build(self):
     if not self._built:
@@ -182,29 +204,6 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   def _create_variables_and_slots(self):
     return {table.name: self._create_variables(table, trainable=True)
             for table in self._table_config}
-
-  def _engine_for(self, sequence_lengths):
-    """The engine, made at the first enqueue: the `output_shape` features'
-    sequence lengths (`_output_sequence_length`) complete its layout."""
-    if self._engine is None:
-      self._output_sequence_lengths = sequence_lengths
-      self._engine = embedding_core.HostEmbeddingEngine(
-          spec_lib.layout_of_mid_level(self._named, sequence_lengths),
-          optimization_parameters=None)
-      self._engine.use_variables(
-          {name: v['parameters'] for name, v in self._variables.items()},
-          {name: {slot: var for slot, var in v.items() if slot != 'parameters'}
-           for name, v in self._variables.items()})
-    for path, length in sequence_lengths.items():
-      first = self._output_sequence_lengths[path]
-      if length != first:
-        raise ValueError(
-            'Feature {}: the first enqueue made its output_shape {} {}, this '
-            'one {}: the batch size changed. As on a TPU, whose build fixes '
-            'the output shapes, keep one batch size (drop_remainder=True).'
-            .format(path, self._named[path].output_shape,
-                    _reading(first), _reading(length)))
-    return self._engine
 
   @property
   def embedding_tables(self):
@@ -230,79 +229,107 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
           .format(replicas, replicas, replicas))
     self._maybe_build()
     tf.nest.assert_same_structure(self._feature_config, features)
-    flat_features = tf.nest.flatten(self._feature_config)
-    flat_inputs = tf.nest.flatten(features)
-    flat_weights = [None] * len(flat_inputs)
+    flat_inputs = dict(zip(self._paths, tf.nest.flatten(features)))
+    flat_weights = dict.fromkeys(self._paths)
     if weights is not None:
       tf.nest.assert_same_structure(self._feature_config, weights)
-      flat_weights = tf.nest.flatten(weights)
-    ids, weight_values, sequence_lengths = {}, {}, {}
-    for path, value, weight, feature in zip(self._paths, flat_inputs,
-                                            flat_weights, flat_features):
-      if feature.output_shape:
-        sequence_lengths[path] = _output_sequence_length(
-            path, feature, value, self._num_cores)
-      values = _weight_values(path, weight, value, feature,
-                              sequence_lengths.get(path))
-      if values is not None:
-        weight_values[path] = values
-      ids[path] = _as_ids(path, value, feature)
-    engine = self._engine_for(sequence_lengths)
-    for path, value in zip(self._paths, flat_inputs):
-      self._check_static_batch(path, value)
-    lookup_step, activations = engine.activations(ids, self._num_cores,
-                                                  weight_values)
-    self._step = _Step(lookup_step,
-                       {path: activations[path] for path in self._paths},
-                       {path: self._activation(path, activations[path])
-                        for path in self._paths}, training, _graph())
+      flat_weights = dict(zip(self._paths, tf.nest.flatten(weights)))
+    shapes = {path: inputs.mid_level_shape(path, value, self._named[path],
+                                           self._num_cores)
+              for path, value in flat_inputs.items()}
+    self._check_output_shapes([shapes[path].output_shape
+                               for path in self._paths])
+    recorded = dict(zip(self._paths, self._output_shapes))
+    sequence_lengths = self._sequence_lengths(flat_inputs, recorded)
+    enqueued = inputs.mid_level(self._layout, self._named, flat_inputs,
+                                flat_weights, sequence_lengths)
+    lengths = {}
+    for path, shape in shapes.items():
+      if not recorded[path] and not shape.output_shape[1:].is_fully_defined():
+        raise _not_fully_defined(path, shape.output_shape)  # (TF's first
+        # enqueue builds with it; an unknown batch alone is accepted here)
+      lengths[path] = sequence_lengths.get(
+          path, 0 if shape.high_dimensional else
+          self._named[path].max_sequence_length)
+      self._check_static_examples(path, shape, recorded[path], lengths[path])
+    lookup_step, lookups = self._engine.activations(enqueued, self._num_cores)
+    self._step = _Step(
+        lookup_step, {path: lookups[path] for path in self._paths},
+        {path: self._activation(path, lookups[path], shapes[path],
+                                recorded[path], lengths[path])
+         for path in self._paths}, training, _graph())
 
-  def _output_examples(self, path):
+  def _sequence_lengths(self, flat_inputs, recorded):
+    """{path: the sequence length its output shape makes of its input (0:
+    combined per example)} of the features whose `FeatureConfig` sets the
+    output shape (`max_sequence_length` is then ignored, as TF does) or whose
+    RaggedTensor is read against a recorded one (TF's rule,
+    `_output_sequence_length`); a sequence the first enqueue made of an
+    output shape stays one, as a TPU's build fixes it."""
+    lengths = {}
+    for path, value in flat_inputs.items():
+      config, shape = self._named[path], recorded[path]
+      if isinstance(value, tf.RaggedTensor) and shape and (
+          config.output_shape or not config.max_sequence_length):
+        lengths[path] = _output_sequence_length(path, shape, value,
+                                                self._num_cores)
+      elif config.output_shape:
+        lengths[path] = 0
+    for path, length in lengths.items():
+      first = self._first_sequence_lengths.setdefault(path, length)
+      if length != first:
+        raise ValueError(
+            'Feature {}: the first enqueue made its output_shape {} {}, this '
+            'one {}: the batch size changed. As on a TPU, whose build fixes '
+            'the output shapes, keep one batch size (drop_remainder=True).'
+            .format(path, recorded[path], _reading(first), _reading(length)))
+    return lengths
+
+  def _output_examples(self, path, output_shape, length):
     """(examples a batch of `path` must have for its output_shape, the error
     text for another batch size, with '{}' for it)."""
-    shape = self._named[path].output_shape
-    length = self._output_sequence_lengths[path]
-    examples = self._num_cores * shape.num_elements() // max(length, 1)
+    examples = self._num_cores * output_shape.num_elements() // max(length, 1)
     return examples, (
         'Feature {}: its output_shape {} holds {} examples on each of {} '
         'core(s), but this batch has {{}} examples; batch the input to match '
-        'it.'.format(path, shape, examples // self._num_cores,
+        'it.'.format(path, output_shape, examples // self._num_cores,
                      self._num_cores))
 
-  def _check_static_batch(self, path, value):
-    """The batch check of `_activation` when tracing, if the input's batch is
-    static (the traced graph's own check could be optimized away on it)."""
-    if not self._named[path].output_shape:
+  def _check_static_examples(self, path, shape, output_shape, length):
+    """The examples check of `_activation` when tracing, if the input's
+    examples are static (the traced graph's own check could be optimized
+    away on them)."""
+    if not output_shape:
       return
-    rows = value.shape[0]
-    if rows is None and isinstance(value, tf.SparseTensor):
-      rows = tf.get_static_value(value.dense_shape[0])
-    examples, mismatch = self._output_examples(path)
+    rows = shape.examples.num_elements()
+    examples, mismatch = self._output_examples(path, output_shape, length)
     if rows is not None and rows != examples:
       raise ValueError(mismatch.format(rows))
 
-  def _activation(self, path, value):
+  def _activation(self, path, value, shape, output_shape, length):
     """An activation the tape sees only from here on (as on a TPU, where the
     tables are not in the model's graph), its batch checked to split into
-    the emulated cores, in the feature's `output_shape` when it has one (per
-    core; the cores' outputs one after another)."""
-    checks = []
+    the emulated cores, in the feature's output shape (per core; the cores'
+    outputs one after another), or a high-dimensional input's `[batch, n,
+    ..., dim]`."""
     rows = tf.shape(value, out_type=tf.int64)[0]
-    if self._num_cores > 1:
-      checks.append(embedding_core.check_batch_divides(
-          'Feature ' + path, rows, self._num_cores))
-    shape = self._named[path].output_shape
-    if shape:
-      examples, mismatch = self._output_examples(path)
-      checks.append(embedding_core.input_check(
+    positions = shape.examples[1:].num_elements() or 1  # (per example)
+    checks = inputs.batch_checks(
+        path, rows // positions if positions > 1 else rows, self._num_cores)
+    if output_shape:
+      examples, mismatch = self._output_examples(path, output_shape, length)
+      checks.append(inputs.input_check(
           tf.equal(rows, examples),
           lambda: tf.strings.format(mismatch, rows)))
     if checks:
       with tf.control_dependencies(checks):
         value = tf.identity(value)
-    if shape:
-      value = tf.reshape(value, [self._num_cores * shape[0]] +
-                         shape[1:].as_list() + value.shape[-1:].as_list())
+    if output_shape:
+      value = tf.reshape(value, [self._num_cores * output_shape[0]] +
+                         output_shape[1:].as_list() + value.shape[-1:].as_list())
+    elif shape.high_dimensional:
+      value = tf.reshape(value, [-1] + shape.examples[1:].as_list() +
+                         value.shape[-1:].as_list())
     return tf.stop_gradient(value)
 
   @_not_autographed
@@ -314,8 +341,20 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
 
   @_not_autographed
   def apply_gradients(self, gradients, name=None):
-    """Applies d(loss)/d(activations) to the tables with the TPU update rules."""
+    """Applies d(loss)/d(activations) to the tables with the TPU update rules.
+
+    TF's checks first, in TF's order (built, the structure, each gradient a
+    tensor); then those of the step it applies to.
+    """
     del name
+    if not self._built:
+      self._current_step('apply_gradients')  # (raises TF's error)
+    tf.nest.assert_same_structure(self._feature_config, gradients)
+    flat_gradients = tf.nest.flatten(gradients)
+    for path, gradient in zip(self._paths, flat_gradients):
+      if gradient is not None and not isinstance(gradient, tf.Tensor):
+        raise ValueError('found non-tensor type: {} at path {}.'.format(
+            type(gradient), path))
     step = self._current_step('apply_gradients')
     if not step.training:
       raise RuntimeError('apply_gradients called after enqueue(training=False):'
@@ -329,27 +368,22 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if any(table.optimizer is None for table in self._table_config):
       raise RuntimeError('apply_gradients needs an optimizer; this TPUEmbedding'
                          ' was created with optimizer=None.')
-    tf.nest.assert_same_structure(self._feature_config, gradients)
     given = {}
-    for path, gradient in zip(self._paths, tf.nest.flatten(gradients)):
+    for path, gradient in zip(self._paths, flat_gradients):
       expected = step.activations[path].shape
       if gradient is None:
         tf.compat.v1.logging.warning(
             'No gradient passed for feature %s, sending zero gradient. This may'
             ' not be correct behavior for certain optimizers like Adam.', path)
         gradient = tf.zeros_like(step.activations[path])
-      elif not isinstance(gradient, tf.Tensor):
-        raise ValueError('found non-tensor type: {} at path {}.'.format(
-            type(gradient), path))
       elif not gradient.shape.is_compatible_with(expected):
         raise ValueError('Found gradient of shape {} at path {}. Expected '
                          'shape {}.'.format(gradient.shape, path, expected))
       given[path] = tf.reshape(tf.cast(gradient, tf.float32),
                                tf.shape(step.lookups[path]))
     step.applied = True
-    return self._engine.apply_gradients(step.lookup_step,
-                                        pipelined=self._pipelined,
-                                        activation_gradients=given)
+    return self._engine.apply_gradients(step.lookup_step, given,
+                                        pipelined=self._pipelined)
 
   def _trackable_children(self, *args, **kwargs):
     """The tables and slots; a checkpoint first gets the parked update of

@@ -7,7 +7,7 @@ followed by the migrated dense model.  (`TPUEstimator.export_saved_model` is
 """
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
-from tpu_fc.lookup.embedding_core import check_ids
+from tpu_fc.lookup.inputs import check_ids
 
 
 class MidLevelServingModel(tf.Module):

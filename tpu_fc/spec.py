@@ -278,18 +278,12 @@ def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   return _sorted_layout(tables, features)
 
 
-def layout_of_mid_level(features, sequence_lengths=None):
+def layout_of_mid_level(features):
   """The layout of mid-level `FeatureConfig`s by feature name; tables keep
-  their own (`TableConfig.name`) names.  `sequence_lengths` (feature name ->
-  length, 0 for none) replaces the configs' `max_sequence_length`, as a
-  `FeatureConfig.output_shape` does on a TPU."""
-  layout = _layout_from_dicts(
+  their own (`TableConfig.name`) names."""
+  return _layout_from_dicts(
       features, {config.table.name: config.table
                  for config in features.values()})
-  lengths = sequence_lengths or {}
-  return dataclasses.replace(layout, features=tuple(
-      dataclasses.replace(feature, max_sequence_length=lengths[feature.name])
-      if feature.name in lengths else feature for feature in layout.features))
 
 
 def _sorted_layout(tables, features):

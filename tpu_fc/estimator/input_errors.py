@@ -5,7 +5,7 @@ stack that defined the op, then the op's own text.  For two kinds of input error
 the driver re-raises the same error class with a message that starts with the
 feature and the bad values and says what to do (no chained traceback):
 
-* a failed input check of the emulated TPU (`embedding_core.input_check`): its
+* a failed input check of the emulated TPU (`inputs.input_check`): its
   message alone;
 * an id outside a feature column's table (`use_tpu=False`, and the CPU lookups of
   prediction): the feature, the column, the id and the range, then TF's text and
@@ -17,11 +17,11 @@ import contextlib
 import re
 
 from tpu_fc._tf import tf
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import inputs
 
 _FAILED_CHECK = re.compile(
     r'^assertion failed: \[(.*)\]\n\s*\[\[\{\{node (?:[^{}]*/)?' +
-    embedding_core.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
+    inputs.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
 # TF's gather error in a column's lookup (`<column>_weights/embedding_lookup`,
 # `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), or its
 # segment reduction's (the inference lookup, `columns._inference_lookup`, and

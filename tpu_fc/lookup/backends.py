@@ -1,7 +1,8 @@
 """The lookup paths of `embedding_lookup_device`, and the one place that picks them.
 
 * `tpu_embedding_core`: `EmbeddingCoreBackend`, the host engine with the TPU's
-  update rules (`embedding_core`); the model_fn gets activations.
+  update rules (`host_engine`) over the tables the backend creates; the
+  model_fn gets activations.
 * `tpu_tensor_core`: `TensorCoreBackend`; the model_fn gets padded ids and a mask
   (`tensor_core.densify`) and its columns gather from model variables.
 * a TPU model's prediction and export: `CpuLookupBackend`; every column looks
@@ -11,16 +12,23 @@
   have no column: their prediction gets the activations from the host engine,
   as a TPU's inference mode gives them (their export stays TF's CPU graph).
 
-The TPU's own `TPUEmbedding` (`tpu_embedding.TPUEmbeddingEngine`) is not among
-them: without a TPU to run it, the driver emulates.
+A real TPU's embedding engine is not among them: tpu_fc emulates it even where
+`tpu_cluster_resolver` finds a TPU (the driver warns that it is not used).
 """
+from tpu_fc import _tf_internals as internals
 from tpu_fc import build_context
-from tpu_fc._tf import tf
 from tpu_fc import columns as columns_lib
+from tpu_fc import naming
+from tpu_fc._tf import tf
 from tpu_fc.lookup import base
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import host_engine
+from tpu_fc.lookup import inputs
 from tpu_fc.lookup import profile
+from tpu_fc.lookup import sparse_update
 from tpu_fc.lookup import tensor_core
+
+# TPUEstimator's collection of the dummy variables (`EmbeddingCoreBackend`).
+DUMMY_VARIABLE_COLLECTION = 'tpu_embedding_dummy_table_variables'
 
 
 def backends_for(spec, mode, on_tpu, partitioned_tables=False, serving=False):
@@ -70,6 +78,21 @@ def _log_untransformed_ids(columns):
         column.name, categorical.name)
 
 
+def tpu_cluster_resolver(cluster=None):
+  """The TPU to run on, or None when this process sees no TPU.
+
+  A `TPUClusterResolver` given as `RunConfig(cluster=...)` (TPUEstimator's way)
+  wins; else the TPU cores attached to this host (a TPU VM).  No network probe
+  is made: on a machine without TPU this returns None at once.
+  """
+  resolver_type = tf.distribute.cluster_resolver.TPUClusterResolver
+  if isinstance(cluster, resolver_type):
+    return cluster
+  if tf.config.list_logical_devices('TPU'):
+    return resolver_type(tpu='local')
+  return None
+
+
 def predicts_in_model_graph(backends):
   """Whether a PREDICT graph's lookups all run in the model_fn's graph."""
   return all(isinstance(backend, CpuLookupBackend) for backend in backends)
@@ -87,54 +110,238 @@ def model_features(backends, features, batch_size):
 class EmbeddingCoreBackend(base.EmbeddingBackend):
   """`tpu_embedding_core` columns, emulated by the host engine.
 
-  With `named_by_columns` the tables get the graph names TF's TPU mode gives
-  them (`<column scope>/embedding_weights/part_0`); else the engine's own
-  (`tpu_embedding/<table>`), which a parameter-server partitioning recognizes.
+  The backend owns the engine's variables.  With `named_by_columns` the tables
+  get the graph names TF's TPU mode gives them (`<column scope>/
+  embedding_weights/part_0`), which only the columns know once the model_fn
+  has run; until then lookups read them through a handle bound to them then.
+  Else the engine's own (`tpu_embedding/<table>`), which a parameter-server
+  partitioning recognizes.
+
+  The model_fn sees activations, and its optimizer minimizes over the trainable
+  variables, as on a TPU: each activation is tied to its table's trainable
+  dummy variable (`_tie`), whose gradient function captures d(loss)/d(
+  activation) for the engine's update.  The ties live here, not in the engine:
+  they are how a TF1 model_fn's gradients reach it; the mid-level API hands
+  them over in `apply_gradients`.
   """
 
   def __init__(self, spec, named_by_columns=True):
-    self.engine = embedding_core.HostEmbeddingEngine(
-        spec.embedding_layout(), spec.optimization_parameters,
-        spec.experimental_gradient_multiplier_fn,
-        named_by_columns=named_by_columns)
+    self.layout = spec.embedding_layout()
+    self.tables, self.slots = {}, {}  # table name -> variable, {slot: variable}
+    self._read_handles, self._dummies = {}, {}
+    self._named_by_columns = named_by_columns
+    self._training = False
+    self.engine = host_engine.HostEmbeddingEngine(
+        self.layout, spec.optimization_parameters, self.tables, self.slots,
+        self._read_handles, spec.experimental_gradient_multiplier_fn)
     self._pipelined = spec.pipeline_execution_with_tensor_core
     self._profile_data_directory = spec.profile_data_directory
 
+  # Variables -----------------------------------------------------------------
+
   def create_variables(self, training):
-    self.engine.create_variables(training=training)
+    """Tables (and, for training, optimizer slots and dummy variables).
+
+    With `named_by_columns`, the tables and slots are created by
+    `checkpoint_variables` once the model_fn has run, under the graph names
+    TF's TPU mode gave them (`<column scope>/embedding_weights/part_0`, slots
+    `.../embedding_weights/Adagrad/part_0`).
+    """
+    self._training = training
+    for table in self.layout.tables:
+      if self._named_by_columns:
+        with tf.init_scope():  # outside any training loop, as the variables
+          self._read_handles[table.name] = tf.raw_ops.VarHandleOp(
+              dtype=tf.float32, shape=[table.vocabulary_size, table.dimension],
+              shared_name='tpu_fc_unnamed_' + table.name,
+              name='tpu_embedding_handle_' + table.name)
+      else:
+        self._create_table(table, naming.engine_table(table.name))
+      if training:
+        self._dummies[table.name] = tf.compat.v1.get_variable(
+            naming.DUMMY_VARIABLE_PREFIX + table.name, shape=[1],
+            dtype=tf.float32,
+            initializer=tf.compat.v1.zeros_initializer(), use_resource=True,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                         tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES,
+                         DUMMY_VARIABLE_COLLECTION])
+
+  def _create_table(self, table, name, slot_names=None):
+    """The table variable `name` and, in training, its slots.
+
+    Slots are `name/<mid-level slot name>` unless `slot_names` names them.
+    """
+    self.tables[table.name] = tf.compat.v1.get_variable(
+        name, shape=[table.vocabulary_size, table.dimension],
+        dtype=tf.float32, initializer=table.initializer, trainable=False,
+        use_resource=True)
+    if self._training:
+      self.slots[table.name] = sparse_update.create_slot_variables(
+          self.engine.table_parameters(table), self.tables[table.name], name,
+          slot_names)
+
+  def _name_variables(self, graph):
+    """Creates the tables and slots of `named_by_columns` (see `create_variables`)."""
+    if not self._read_handles:
+      return
+    names = naming.recorded_table_names(self.layout, graph)
+    with tf.init_scope():
+      for table in self.layout.tables:
+        full_name = names[table.name]
+        slot_names = {slot: '{}/{}'.format(full_name, suffix)
+                      for suffix, slot in
+                      self.engine.table_parameters(table).SLOTS}
+        self._create_table(table, full_name + '/part_0',
+                           {slot: name + '/part_0'
+                            for slot, name in slot_names.items()})
+        internals.mark_as_only_part(self.tables[table.name], full_name)
+        for slot, variable in self.slots.get(table.name, {}).items():
+          internals.mark_as_only_part(variable, slot_names[slot])
+        sparse_update.bind_variable_handle(self._read_handles[table.name],
+                                           self.tables[table.name])
+
+  def checkpoint_variables(self, graph):
+    """Legacy checkpoint name -> variable for every table and slot."""
+    self._name_variables(graph)
+    names = {}
+    for table, full_name in naming.recorded_table_names(
+        self.layout, graph).items():
+      names[full_name] = self.tables[table]
+      for suffix, slot in self.engine.table_parameters(
+          self.layout.table(table)).SLOTS:
+        if table in self.slots:
+          names['{}/{}'.format(full_name, suffix)] = self.slots[table][slot]
+    return names
+
+  # One step ------------------------------------------------------------------
 
   def model_features(self, features, batch_size):
     """Without the ids and weights the engine looks up."""
     del batch_size
     result = dict(features)
-    for feature in self.engine.layout.features:
+    for feature in self.layout.features:
       result.pop(feature.name, None)
       if feature.weight_key:
         result.pop(feature.weight_key, None)
     return result
 
-  def lookup(self, features, num_shards, batch_size):
-    return self.engine.lookup(features, num_shards, batch_size)
+  def lookup(self, features, num_shards=1, batch_size=None):
+    """Activations of every embedding-core feature, split into `num_shards` slices.
 
-  def checkpoint_variables(self, graph):
-    self.engine.name_variables(graph)
-    return self.engine.checkpoint_variables(graph)
+    Returns the step (`_TiedStep`) and one dict per shard: feature name ->
+    activation, plus `<name>_seq_length_` for sequence features; each
+    activation is tied to its table's dummy variable when training.  Raises
+    on a missing feature or weight, naming it.  The batch dimension is static:
+    `batch_size` (the configured global batch, as a TPU's embedding config
+    fixes it), else the input's, when known.
+    """
+    read_step = tf.compat.v1.train.get_or_create_global_step().read_value()
+    lookup_step, combined = self.engine.activations(
+        inputs.legacy(self.layout, features), num_shards, read_step)
+    name, batch = inputs.static_batch(features, self.layout.features)
+    inputs.check_static_batch(name, batch, batch_size)
+    batch = batch or batch_size
+    shards = [dict() for _ in range(num_shards)]
+    for name, value in combined.items():
+      checks = inputs.batch_checks(
+          name, tf.shape(value, out_type=tf.int64)[0], num_shards, batch_size)
+      with tf.control_dependencies(checks):
+        value = tf.identity(value) if checks else value
+      if batch is not None and batch % num_shards == 0:  # else checked above
+        value.set_shape([batch] + value.shape[1:])
+      pieces = tf.split(value, num_shards, axis=0) if num_shards > 1 else [value]
+      for shard, piece in enumerate(pieces):
+        shards[shard][name] = piece
+    step = _TiedStep(lookup_step)
+    for feature in self.layout.features:
+      step.shards[feature.name] = [shard[feature.name] for shard in shards]
+      if self._dummies:
+        for index, shard in enumerate(shards):
+          shard[feature.name] = self._tie(
+              self._dummies[feature.table], shard[feature.name],
+              (feature.name, index), step)
+    return step, shards
+
+  @staticmethod
+  def _tie(dummy, activation, key, step):
+    """Ties an activation to a (trainable) dummy variable to capture d(loss)/d(act).
+
+    The model's optimizer differentiates with respect to the dummy variable, as
+    on a TPU; the gradient function of the tie records the gradient of the
+    activation for `apply_gradients` and gives the dummy a zero gradient.
+    """
+    gradients = step.captured
+
+    @tf.custom_gradient
+    def tie(dummy_value, value):
+      def grad(dy):
+        if key in gradients:
+          raise RuntimeError(
+              'Duplicate gradients (w.r.t. TPUEmbedding activations) generated '
+              'for feature {} on shard {}: the loss was differentiated twice.'
+              .format(*key))
+        gradients[key] = dy
+        # The model's step increment waits for this gradient, so the step this
+        # lookup read (for learning_rate_fn) is the pre-increment one.
+        with tf.control_dependencies([step.lookup_step.read_step]):
+          return tf.zeros_like(dummy_value), None
+      return tf.identity(value), grad
+
+    return tie(dummy.read_value(), activation)
 
   def apply_gradients(self, step, aggregate_rows=None):
-    return self.engine.apply_gradients(step, pipelined=self._pipelined,
-                                       aggregate_rows=aggregate_rows)
+    """The engine's update from the gradients the ties captured."""
+    gradients = {feature.name: self._captured_gradient(table, feature.name,
+                                                       step)
+                 for table in self.layout.tables
+                 for feature in self.layout.features_of(table.name)}
+    return self.engine.apply_gradients(
+        step.lookup_step, gradients, pipelined=self._pipelined,
+        aggregate_rows=aggregate_rows)
+
+  @staticmethod
+  def _captured_gradient(table, name, step):
+    """d(loss)/d(activation) of one feature over all shards, as the ties
+    captured it (zeros where unused)."""
+    per_shard = []
+    for shard, piece in enumerate(step.shards[name]):
+      dy = step.captured.get((name, shard))
+      if dy is None:
+        tf.compat.v1.logging.warning(
+            'Table %s has undefined gradients for feature %s on shard %d: the '
+            'loss does not depend on it.', table.name, name, shard)
+        dy = tf.zeros_like(piece)
+      per_shard.append(dy)
+    return tf.concat(per_shard, axis=0)
 
   def training_hooks(self, step):
     if not self._profile_data_directory:
       return ()
     # Each emulated shard stands for one would-be host of the div partitioning.
     return (profile.LookupProfileHook(
-        step.statistics(), self.engine.layout, self._profile_data_directory,
+        step.statistics(), self.layout, self._profile_data_directory,
         num_hosts=step.num_shards),)
 
   def before_save(self):
     # Checkpoints hold every update: parked ones are applied before each save.
     return self.engine.flush_op if self._pipelined else None
+
+
+class _TiedStep:
+  """One step of `EmbeddingCoreBackend`: the engine's `LookupStep`, each
+  feature's per-shard activations and the gradients their ties captured,
+  {(feature, shard): d(loss)/d(activation)}."""
+
+  def __init__(self, lookup_step):
+    self.lookup_step = lookup_step
+    self.shards, self.captured = {}, {}
+
+  @property
+  def num_shards(self):
+    return self.lookup_step.num_shards
+
+  def statistics(self):
+    return self.lookup_step.statistics()
 
 
 class TensorCoreBackend(base.EmbeddingBackend):
@@ -168,5 +375,5 @@ class CpuLookupBackend(base.EmbeddingBackend):
   def model_features(self, features, batch_size):
     """Sequences and tensor-core ids cut as the TPU enqueues them."""
     del batch_size
-    return embedding_core.cut_as_enqueued(features, self._layout,
-                                          self._tensor_core_widths)
+    return inputs.cut_as_enqueued(features, self._layout,
+                                  self._tensor_core_widths)

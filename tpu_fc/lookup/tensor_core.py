@@ -11,7 +11,7 @@ and combines with `sum` or `mean` (TF's `sparse_embedding_aggregate_slice`).
 from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
 from tpu_fc._tf import tf
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import inputs
 
 
 def densify(features, feature_columns, batch_size=None):
@@ -31,18 +31,18 @@ def densify(features, feature_columns, batch_size=None):
       raise KeyError('Feature {} (tensor-core column {}) is missing from the '
                      'features; got {}.'.format(key, column.name,
                                                 sorted(features)))
-    ids = embedding_core.as_sparse(key, features[key], keep_zero_ids=False)
-    embedding_core.check_static_batch(
+    ids = inputs.as_sparse(key, features[key], keep_zero_ids=False)
+    inputs.check_static_batch(
         key, tf.compat.dimension_value(ids.shape[0]), batch_size)
     if not ids.dtype.is_integer:
-      raise ValueError(embedding_core.STRING_IDS_ERROR.format(key))
+      raise ValueError(inputs.STRING_IDS_ERROR.format(key))
     ids = tf.sparse.retain(ids, ids.values >= 0)
-    ids = tf.SparseTensor(ids.indices, embedding_core.check_ids(
+    ids = tf.SparseTensor(ids.indices, inputs.check_ids(
         key, column.name, ids.values, column.categorical_column.num_buckets),
                           ids.dense_shape)
     width = columns_lib.tensor_core_shape(column)[1]
     checks = [] if batch_size is None else [
-        embedding_core.check_batch_size(key, ids.dense_shape[0], batch_size)]
+        inputs.check_batch_size(key, ids.dense_shape[0], batch_size)]
     with tf.control_dependencies(checks):
       padded = [tf.identity(t) for t in
                 internals.pad_sparse_embedding_lookup_indices(ids, width)]

@@ -33,7 +33,7 @@ import contextlib
 from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
 from tpu_fc._tf import tf
-from tpu_fc.lookup import embedding_core
+from tpu_fc.lookup import inputs
 
 # Collections that keep shard 0's entries only.
 _PER_REPLICA_COLLECTIONS = (
@@ -325,7 +325,7 @@ def split_batch(value, num_shards, shard, name='Labels'):
   if not isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
     value = tf.convert_to_tensor(value)
   batch = tf.cast(_batch_size(value), tf.int64)
-  check = embedding_core.check_batch_divides(name, batch, num_shards)
+  check = inputs.check_batch_divides(name, batch, num_shards)
   with tf.control_dependencies([check]):
     size = batch // num_shards
   if isinstance(value, tf.SparseTensor):

@@ -33,7 +33,6 @@ from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
 from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
-from tpu_fc.lookup import tpu_embedding
 
 _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
@@ -75,7 +74,7 @@ def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
 
 def _warn_if_tpu_unused(cluster):
   """Warns when a TPU is there: tpu_fc emulates it (building logs that once)."""
-  resolver = tpu_embedding.tpu_cluster_resolver(cluster)
+  resolver = lookup_backends.tpu_cluster_resolver(cluster)
   if resolver is not None:
     tf.compat.v1.logging.warn(
         'A TPU was found (%s), but tpu_fc does not drive TPUs yet: TPU training '

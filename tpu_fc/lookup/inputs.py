@@ -1,0 +1,535 @@
+"""Features as the TPU embedding enqueues them, and every check of them.
+
+The host engine (`host_engine`) looks up an `Enqueued`: per feature its
+`FeatureInput` (sparse ids, their weights, a sequence feature's lengths) and
+one check that every id is inside its table.  Two adapters make it, one per
+enqueue semantics of TF:
+
+* `legacy` (TPUEstimator's TPU): ids by feature name in the features dict;
+  dense ids go through `tf.where` (id 0 dropped), except for `combiner=None`
+  tables, whose dense ids go one per example; a weighted column's weights are
+  its weight feature, which must be sparse.
+* `mid_level` (TF's `TPUEmbedding.enqueue`): ids and the weights given beside
+  them by feature path, with TF's checks and texts; dense ids go one per
+  example (and position: `[batch, n, 1]`), sparse ones are combined over
+  their last dimension (`[batch, n, ids]`: high-dimensional inputs).
+
+Both drop negative ids (padding) with their weights, and a sequence feature's
+entries past its `max_sequence_length`.  The batch checks of a step and the
+cut of a TPU model's CPU lookups (`cut_as_enqueued`) are here too: every input
+error text of the lookup paths lives in this module.
+"""
+import collections
+import dataclasses
+import functools
+
+from tpu_fc._tf import tf
+
+SEQUENCE_LENGTH_SUFFIX = '_seq_length_'
+STRING_IDS_ERROR = (
+    'SparseTensor with string as values are not supported. If you are using '
+    'categorical_column_with_vocabulary_file or '
+    'categorical_column_with_vocabulary_list, please call '
+    'your_column.categorical_column._transform_feature({{your_column.key: '
+    'features[your_column.key]}}) in your input_fn() to convert string to int. '
+    'feature_key = {}.')
+# The op of every input check (`input_check`): the driver shows its message alone.
+INPUT_CHECK_NAME = 'tpu_fc_input_check'
+
+
+# TF's text; TF's enqueue pops each weight feature, so a second column reading
+# the same weights finds them gone: weight-sharing gets the same error.
+MISSING_WEIGHTS_ERROR = (
+    'Cannot find weights {} for weighted_categorical_column. Please check if '
+    'the weights are present in feature dict. Also note weight-sharing among '
+    'weighted_categorical_column is not supported on TPU.')
+
+BATCH_SIZE_MISMATCH = (
+    'input_fn gave the embedding features a batch of {} examples, but the '
+    'configured batch size (train_batch_size / eval_batch_size) is {}; as on a '
+    'TPU, whose embedding config fixes the batch, batch the input by '
+    "params['batch_size'].")
+
+
+class FeatureInput(collections.namedtuple(
+    'FeatureInput', ['feature', 'ids', 'weights', 'lengths'])):
+  """One feature as enqueued: its `FeatureSpec`, its ids (a SparseTensor
+  `[batch, slot]`, or `[batch, position, slot]` for a multivalent sequence),
+  their float32 weights (one per id, or None) and, for a sequence feature,
+  its lengths (else None)."""
+
+
+class Enqueued(collections.namedtuple('Enqueued', ['inputs', 'ids_checked'])):
+  """What one step enqueues: `inputs` {feature name: `FeatureInput`} and
+  `ids_checked`, the op that fails the step (naming the feature) if an id is
+  outside its table; lookups run after it."""
+
+
+# The legacy enqueue (TPUEstimator's) --------------------------------------------
+
+
+def legacy(layout, features):
+  """The `Enqueued` of `features` (a dict) as TPUEstimator's TPU enqueues them.
+
+  Raises on a missing feature or weight, naming it.
+  """
+  weight_readers = collections.Counter(
+      feature.weight_key for feature in layout.features if feature.weight_key)
+  for weight_key, readers in weight_readers.items():
+    if readers > 1:
+      raise ValueError(MISSING_WEIGHTS_ERROR.format(weight_key))
+  inputs = {}
+  for table in layout.tables:
+    for feature in layout.features_of(table.name):
+      inputs[feature.name] = _legacy_feature(table, feature, features)
+  return Enqueued(inputs, _ids_in_range(layout, inputs))
+
+
+def _legacy_feature(table, feature, features):
+  if feature.name not in features:
+    raise KeyError('Feature {} (table {}) is missing from the features '
+                   'given to the TPU embedding; got {}.'.format(
+                       feature.name, table.name, sorted(features)))
+  ids = as_sparse(feature.name, features[feature.name],
+                  keep_zero_ids=table.combiner is None,
+                  multivalent=feature.is_sequence)
+  if not ids.dtype.is_integer:
+    raise ValueError(STRING_IDS_ERROR.format(feature.name))
+  return _feature_input(feature, ids, _weight_feature(table, feature, features))
+
+
+def _weight_feature(table, feature, features):
+  """A weighted column's weights (values of a SparseTensor), else None."""
+  if not feature.weight_key:
+    return None
+  if feature.weight_key not in features:
+    raise ValueError(MISSING_WEIGHTS_ERROR.format(feature.weight_key))
+  weights = features[feature.weight_key]
+  if table.combiner is None:
+    raise ValueError(
+        'Found weights {} for weighted_categorical_column, which is not'
+        'compatible with sparse feature {} enqueued as dense tensor.'.format(
+            feature.weight_key, feature.name))
+  if isinstance(weights, tf.RaggedTensor):
+    weights = weights.to_sparse()
+  if not isinstance(weights, tf.SparseTensor):
+    raise ValueError(
+        'weighted_categorical_column with weight key name {} has dense '
+        'weights. Dense weights are not supported on TPU. Please use sparse '
+        'weights instead.'.format(feature.weight_key))
+  return tf.cast(weights.values, tf.float32)
+
+
+def as_sparse(name, value, keep_zero_ids, multivalent=False):
+  """Ids of one feature as a rank-2 SparseTensor, TPU-style.
+
+  Dense ids are enqueued through `tf.where(x)` (id 0 dropped), except for tables
+  with `combiner=None`, whose dense ids go one per example, 0 included; their
+  negative entries are padding, never entries (a dense sequence's length ends at
+  its last id).  With `multivalent` (sequence features), rank 3 is accepted too:
+  `[batch, position, ids]`, several ids at one position.
+  """
+  if isinstance(value, tf.RaggedTensor):
+    value = value.to_sparse()
+  elif not isinstance(value, tf.SparseTensor):
+    value = tf.convert_to_tensor(value)
+    if value.shape.rank == 1:
+      value = value[:, tf.newaxis]
+    if keep_zero_ids:
+      value = tf.RaggedTensor.from_tensor(value).to_sparse()
+    else:
+      value = tf.sparse.from_dense(
+          tf.maximum(value, 0) if value.dtype.is_integer else value)
+  ranks = (2, 3) if multivalent else (2,)
+  if value.shape.rank is not None and value.shape.rank not in ranks:
+    raise ValueError(
+        'Feature {} must have rank {} for the TPU embedding, got rank {}.'
+        .format(name, ' or '.join(
+            {2: '2 ([batch, ids])', 3: '3 ([batch, position, ids])'}[rank]
+            for rank in ranks), value.shape.rank))
+  return value
+
+
+# The mid-level enqueue (TF's TPUEmbedding.enqueue) ------------------------------
+
+
+class MidLevelShape(collections.namedtuple('MidLevelShape',
+                                           ['output_shape', 'examples'])):
+  """How TF's `enqueue` reads one feature's input: `output_shape`, its
+  per-core output shape (TF's `_get_input_shapes` and
+  `_get_output_shapes_from_input_shapes`), and `examples`, the static shape
+  (whole batch) of the examples the engine looks up for it: `[batch]`, or
+  `[batch, n, ...]` for a high-dimensional input, whose ids are combined over
+  its last dimension."""
+
+  @property
+  def high_dimensional(self):
+    return self.examples.rank > 1
+
+
+def mid_level_shape(path, value, config, num_cores):
+  """The `MidLevelShape` of a feature's input on `num_cores` cores, with TF's
+  errors for a type or rank TF's `enqueue` refuses.
+
+  Dense ids hold one id per example and position (`[batch]`, `[batch, 1]`,
+  `[batch, n, 1]`, ...); sparse ones are combined over their last dimension
+  (`[batch, ids]`, `[batch, n, ids]`, ...); ragged ones are `[batch, ids]`.
+  A rank-2 sparse or ragged input of a sequence feature without an
+  `output_shape` is `[batch, max_sequence_length]`.  A batch that does not
+  split into the cores leaves the per-core batch unknown (the step's check
+  names it).
+  """
+  _check_mid_level_type(path, value)
+  shape = value.shape
+  if shape.rank is None:
+    raise ValueError(
+        'Input {} has an unknown rank: TF\'s enqueue reads the output shape '
+        'from the static shape of the input. Give it a static rank.'.format(
+            path))
+  if isinstance(value, tf.Tensor):
+    if shape.rank < 1:
+      raise ValueError('Only rank 1 and above dense tensor is supported, find '
+                       'rank {} sparse tensor for input {}'.format(
+                           shape.rank, path))
+    if shape.rank > 1 and shape[-1] != 1:
+      raise ValueError(  # TF's text, naming the input and what to do
+          'Rank 2 or above dense tensor should have last dimension as 1 as the '
+          'last dimension will always be reduced. Instead got dense tensor as '
+          'shape {} (input {}: a dense input holds one id per example and '
+          'position, [batch, ..., 1]; pass a SparseTensor or RaggedTensor to '
+          'combine several ids).'.format(shape.as_list(), path))
+    examples = shape[:-1] if shape.rank > 1 else shape
+  elif isinstance(value, tf.SparseTensor):
+    if shape.rank < 2:
+      raise ValueError('Only rank 2 and above sparse tensor is supported, find '
+                       'rank {} sparse tensor for input {}'.format(
+                           shape.rank, path))
+    examples = shape[:-1]
+    if examples[0] is None:  # (e.g. a dense shape tf.stack-ed of constants)
+      examples = tf.TensorShape([tf.get_static_value(
+          value.dense_shape[0])]).concatenate(examples[1:])
+  else:
+    if shape.rank != 2:
+      raise ValueError('Only rank 2 ragged tensor is supported, find rank {} '
+                       'ragged tensor for input {}'.format(shape.rank, path))
+    examples = shape[:1]
+  output = examples.as_list()
+  output[0] = (output[0] // num_cores
+               if output[0] is not None and output[0] % num_cores == 0 else None)
+  if (examples.rank == 1 and not isinstance(value, tf.Tensor) and
+      not config.output_shape and config.max_sequence_length > 0):
+    output.append(config.max_sequence_length)
+  return MidLevelShape(tf.TensorShape(output), examples)
+
+
+def mid_level(layout, configs, inputs, weights, sequence_lengths):
+  """The `Enqueued` of a mid-level `enqueue`, with TF's checks and texts.
+
+  `configs`, `inputs` and `weights` map each feature path to its
+  `FeatureConfig`, its ids (their shapes checked by `mid_level_shape`) and
+  the weights given for them (or None); `sequence_lengths` maps the paths
+  whose output shape makes a sequence of a RaggedTensor (`tpu_fc.mid_level`)
+  to its length (0: combined per example).  A high-dimensional input's
+  examples are its `[batch, n, ...]` positions, one after another.
+  """
+  ids, given, lengths = {}, {}, dict(sequence_lengths)
+  for path, config in configs.items():
+    value = inputs[path]
+    if isinstance(value, tf.SparseTensor) and value.shape.rank > 2:
+      if config.max_sequence_length:
+        _log_max_sequence_length_ignored(path, value.shape.rank)
+      lengths[path] = 0  # TF's rule: combined over the last dimension
+    given[path] = _mid_level_weights(path, weights[path], value, config,
+                                     sequence_lengths.get(path))
+    ids[path] = _mid_level_ids(path, value, config)
+  features = {}
+  for table in layout.tables:
+    for feature in layout.features_of(table.name):
+      if feature.name in lengths:
+        feature = dataclasses.replace(
+            feature, max_sequence_length=lengths[feature.name])
+      features[feature.name] = _feature_input(
+          feature, as_sparse(feature.name, ids[feature.name],
+                             keep_zero_ids=table.combiner is None,
+                             multivalent=feature.is_sequence),
+          given[feature.name])
+  return Enqueued(features, _ids_in_range(layout, features))
+
+
+@functools.lru_cache(maxsize=None)
+def _log_max_sequence_length_ignored(path, rank):
+  tf.compat.v1.logging.warning(  # TF's text, naming the feature
+      'Feature %s: input tensor is rank %d which is above 2, the '
+      'max_sequence_length setting will be ignored.', path, rank)
+
+
+def _check_mid_level_type(path, value):
+  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
+    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
+                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
+                         path, type(value)))
+
+
+def _mid_level_ids(path, value, config):
+  """A feature's ids: ragged as given, sparse ones `[examples, ids]`, dense
+  ones one per example."""
+  _check_mid_level_type(path, value)
+  if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
+    raise ValueError(
+        'Input {}: the values contained by the inputs have type {} and cannot '
+        'be processed. All values should be indices, either of type `int32` or '
+        '`int64`.'.format(path, value.dtype))
+  if isinstance(value, tf.RaggedTensor):
+    return value
+  if isinstance(value, tf.SparseTensor):
+    if value.shape.rank == 2:
+      return value
+    return tf.sparse.reshape(value, tf.stack(
+        [tf.constant(-1, tf.int64), value.dense_shape[-1]]))
+  if config.max_sequence_length > 0:
+    raise ValueError('Feature {} is a sequence feature but a dense tensor was '
+                     'passed.'.format(path))
+  ids = tf.reshape(tf.cast(value, tf.int64), [-1])
+  rows = tf.range(tf.size(ids, out_type=tf.int64))
+  return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
+                         tf.stack([tf.size(ids, out_type=tf.int64), 1]))
+
+
+def _mid_level_weights(path, weight, value, config, sequence_length):
+  """The float32 weights of one feature's ids, or None (TF's checks, texts;
+  a sequence feature's are refused as TF's CPU lookup refuses them, also
+  those of an `output_shape` sequence, which TF's CPU lookup drops)."""
+  if weight is None:
+    return None
+  if isinstance(value, tf.Tensor):
+    raise ValueError('Weight specified for dense input {}, which is not '
+                     'allowed. Weight will always be 1 in this case.'.format(
+                         path))
+  if not isinstance(weight, type(value)):
+    raise ValueError('Weight for {} is type {} which does not match type input '
+                     'which is {}.'.format(path, type(weight),
+                                           type(value).__name__))
+  if config.max_sequence_length > 0 or sequence_length:
+    raise ValueError('Weight specified for {}, but this is a sequence '
+                     'feature.'.format(path))
+  return tf.cast(weight.values, tf.float32)
+
+
+# What both enqueue -------------------------------------------------------------
+
+
+def _feature_input(feature, ids, weights):
+  """A feature's ids as the TPU looks them up, checked, with its weights.
+
+  Negative ids are padding, as in TF's safe lookups: dropped.  A sequence
+  feature's entries past `max_sequence_length` are dropped too (never
+  looked up, never updated); its lengths come from the ids before that.
+  """
+  if weights is not None:
+    weights = _check_weights(feature, ids, weights)
+  keep = ids.values >= 0
+  lengths = None
+  if feature.is_sequence:
+    lengths = sequence_lengths(ids, feature.max_sequence_length)
+    keep = tf.logical_and(keep,
+                          ids.indices[:, 1] < feature.max_sequence_length)
+  ids, weights = _retain(ids, weights, keep)
+  return FeatureInput(feature, ids, weights, lengths)
+
+
+def _check_weights(feature, ids, weights):
+  """`weights`, failing (naming the feature) unless one finite weight per id."""
+  # A column's weight feature (from input_fn), or the weights given to a
+  # mid-level enqueue.
+  source, fix_in = (('weights ' + feature.weight_key, 'input_fn')
+                    if feature.weight_key else
+                    ('the weights given to enqueue', 'the input'))
+  mismatch = ('Feature {}: {} must hold one weight per id, at the same '
+              'indices; got {{}} weights for {{}} ids.'.format(
+                  feature.name, source))
+  count, expected = weights.shape[0], ids.values.shape[0]
+  if count is not None and expected is not None and count != expected:
+    raise ValueError(mismatch.format(count, expected))
+  count, expected = tf.shape(weights)[0], tf.shape(ids.values)[0]
+  finite = tf.math.is_finite(weights)
+  checks = [
+      input_check(tf.equal(count, expected),
+                  lambda: tf.strings.format(mismatch, (count, expected))),
+      input_check(tf.reduce_all(finite), lambda: tf.strings.format(
+          'Feature {}: {} must be finite; got {{}}. Drop or replace them in '
+          '{}.'.format(feature.name, source, fix_in),
+          tf.boolean_mask(weights, tf.logical_not(finite)), summarize=8)),
+  ]
+  with tf.control_dependencies(checks):
+    return tf.identity(weights)
+
+
+def _retain(ids, weights, keep):
+  """`ids` (SparseTensor) and their `weights` (or None) where `keep`; copied
+  only when an entry goes (the common input drops none)."""
+  def dropped():
+    kept = tf.sparse.retain(ids, keep)
+    return kept if weights is None else (kept,
+                                         tf.boolean_mask(weights, keep))
+
+  def as_given():
+    return ids if weights is None else (ids, weights)
+
+  result = tf.cond(tf.reduce_all(keep), as_given, dropped)
+  return (result, None) if weights is None else result
+
+
+def sequence_lengths(ids, max_sequence_length):
+  """Per example of sparse `ids`, 1 + its last id position, capped (TPUEstimator's)."""
+  lengths = tf.math.unsorted_segment_max(
+      ids.indices[:, 1] + 1, ids.indices[:, 0],
+      tf.cast(ids.dense_shape[0], tf.int32))
+  return tf.clip_by_value(lengths, 0, max_sequence_length)
+
+
+def _ids_in_range(layout, inputs):
+  """One check of every id of the step; only on failure the per-feature checks
+  run, naming the feature and its ids (`check_ids`)."""
+  tables = [(table, inputs[feature.name])
+            for table in layout.tables
+            for feature in layout.features_of(table.name)]
+  too_big = [tf.reduce_any(enqueued.ids.values >= table.vocabulary_size)
+             for table, enqueued in tables]
+  if not too_big:
+    return tf.no_op()
+
+  def report():
+    checks = [check_ids(enqueued.feature.name, table.name,
+                        enqueued.ids.values, table.vocabulary_size)
+              for table, enqueued in tables]
+    with tf.control_dependencies(checks):
+      return tf.constant(False)
+
+  return tf.cond(tf.reduce_any(tf.stack(too_big)), report,
+                 lambda: tf.constant(True))
+
+
+# Checks -------------------------------------------------------------------------
+
+
+def input_check(ok, message_fn):
+  """An op failing the step unless `ok`, with the string tensor `message_fn()`.
+
+  The message is built only when the check fails; the op's name
+  (`INPUT_CHECK_NAME`) lets the driver show it alone, without TF's listing.
+  """
+  return tf.cond(ok, tf.no_op, lambda: tf.raw_ops.Assert(
+      condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
+
+
+def check_ids(feature_name, table_name, ids, vocabulary_size):
+  """`ids` as int64, failing the step (naming feature and ids) if out of range."""
+  ids = tf.cast(ids, tf.int64)
+  too_big = ids >= vocabulary_size
+  check = input_check(
+      tf.logical_not(tf.reduce_any(too_big)),
+      lambda: tf.strings.format(
+          'Feature {} (table {}): ids {{}} are out of range [0, {}); use a '
+          'vocabulary size above the largest id, or hash or clip the ids in '
+          'input_fn.'.format(feature_name, table_name, vocabulary_size),
+          tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]), summarize=8))
+  with tf.control_dependencies([check]):
+    return tf.identity(ids)
+
+
+def static_batch(features, embedding_features):
+  """(feature, batch size) the input gives an embedding feature statically, or
+  (None, None).
+
+  As on a TPU, whose infeed gives every tensor a static shape, activations then
+  have a static batch dimension (model code such as `tf.zeros(logits.shape)`
+  relies on it).
+  """
+  for feature in embedding_features:
+    value = features.get(feature.name)
+    if value is not None and value.shape.rank:
+      batch = tf.compat.dimension_value(value.shape[0])
+      if batch is not None:
+        return feature.name, batch
+  return None, None
+
+
+def check_static_batch(name, batch, batch_size):
+  """Raises unless feature `name`'s static `batch` (None: unknown) is the
+  configured `batch_size` (None: any)."""
+  if batch_size is not None and batch not in (None, batch_size):
+    raise ValueError('Feature {}: {}'.format(
+        name, BATCH_SIZE_MISMATCH.format(batch, batch_size)))
+
+
+def batch_checks(name, rows, num_shards, batch_size=None):
+  """The input checks that feature `name`'s `rows` (known at run time) are the
+  configured `batch_size`, or else (None) split into `num_shards` cores."""
+  if batch_size is not None:  # (configured to divide into the shards)
+    return [check_batch_size(name, rows, batch_size)]
+  if num_shards > 1:
+    return [check_batch_divides('Feature ' + name, rows, num_shards)]
+  return []
+
+
+def check_batch_divides(name, batch, num_shards):
+  """An input check, naming `name` ('Feature ids', 'Labels'), that a batch of
+  `batch` examples splits into the shards (as a TPU requires)."""
+  return input_check(
+      tf.equal(tf.math.floormod(batch, num_shards), 0),
+      lambda: tf.strings.format(
+          '{}: batch size {{}} does not divide into num_shards={} TPU shards; '
+          'make every batch of input_fn a multiple of {} examples, e.g. with '
+          'Dataset.batch(batch_size, drop_remainder=True).'.format(
+              name, num_shards, num_shards), batch))
+
+
+def check_batch_size(name, rows, batch_size):
+  """An input check that feature `name` has `batch_size` rows (`rows`, known
+  only at run time)."""
+  return input_check(
+      tf.equal(rows, batch_size),
+      lambda: tf.strings.format('Feature {}: {}'.format(
+          name, BATCH_SIZE_MISMATCH.format('{}', batch_size)), rows))
+
+
+# The CPU lookups of a TPU model ---------------------------------------------------
+
+
+def cut_as_enqueued(features, layout, tensor_core_widths):
+  """`features` cut as the TPU enqueues them, ragged ones made sparse.
+
+  Each sequence feature (and its weights) at its max_sequence_length, each
+  tensor-core feature at its `tensor_core_shape[1]` ids (`tensor_core_widths`:
+  feature name -> width).  For the CPU lookups of predict and serving of a TPU
+  model: they then compute what the TPU does (sparse ids padded to `[batch,
+  max_sequence_length, ...]`, lengths capped; a tensor-core example's first ids),
+  in memory bounded by the batch and those lengths whatever a request holds;
+  the feature columns of that lookup take no RaggedTensor.
+  """
+  if not isinstance(features, dict):
+    return features
+  lengths = dict(tensor_core_widths)  # key -> its length, or None: not cut
+  for feature in layout.features:
+    for key in (feature.name, feature.weight_key):
+      if key:
+        lengths[key] = feature.max_sequence_length or None
+  result = dict(features)
+  for key, length in lengths.items():
+    value = result.get(key)
+    if isinstance(value, tf.RaggedTensor):
+      value = result[key] = value.to_sparse()
+    if value is not None and length is not None:
+      result[key] = _cut(value, length)
+  return result
+
+
+def _cut(value, length):
+  """`value`'s positions (axis 1) past `length` dropped; sparse ones padded."""
+  if isinstance(value, tf.SparseTensor):
+    shape = tf.concat([value.dense_shape[:1], [length], value.dense_shape[2:]],
+                      axis=0)
+    return tf.sparse.reset_shape(
+        tf.sparse.slice(value, tf.zeros_like(value.dense_shape), shape), shape)
+  value = tf.convert_to_tensor(value)
+  return value[:, :length] if value.shape.rank != 1 else value
