@@ -260,7 +260,8 @@ def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name)
 
 def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
   """Under disable_v2_behavior, as with TF2 control flow: 3 steps per
-  session.run, each the same as one step per run."""
+  session.run, each the same as one step per run (the history table's
+  learning_rate_fn read in the loop: TF1 once failed to build it there)."""
   assert user_model_runs['loop']['training_runs'] == 2
   assert user_model_runs['step']['training_runs'] == 6
   _assert_same_model(user_model_runs['loop'], user_model_runs['step'])

@@ -72,9 +72,14 @@ def input_fn(params, dynamic_batch=False, repeat=True):
 user_column = tf.compat.v1.tpu.experimental.embedding_column(
     fc.categorical_column_with_identity('user', VOCABULARY), 4, combiner=None,
     initializer=tf.compat.v1.truncated_normal_initializer(seed=1))
+def history_learning_rate(global_step):
+  """A TF1 schedule, read every step of a TPU loop (its table's rate)."""
+  return tf.compat.v1.train.exponential_decay(0.2, global_step, 2, 0.5)
+
+
 history_column = tf.compat.v1.tpu.experimental.embedding_column(
     fc.sequence_categorical_column_with_identity('history', VOCABULARY), 4,
-    max_sequence_length=3,
+    max_sequence_length=3, learning_rate_fn=history_learning_rate,
     initializer=tf.compat.v1.truncated_normal_initializer(seed=2))
 category_column = tf.compat.v1.tpu.experimental.embedding_column(
     fc.categorical_column_with_identity('category', 10), 2,

@@ -117,14 +117,15 @@ class LookupStep:
   no state of a step.  `num_shards` cores; `read_step` is the global step
   read before the lookup (None: no learning_rate_fn or gradient multiplier
   reads it); per table its ids, unique ids, rows per id and per-feature
-  `_Lookup`s; per feature its pooling norm and (unweighted pooled features)
-  whether the step gave it one id per example, which skips the pooling both
-  ways.
+  `_Lookup`s and, with `read_step`, its learning rate; per feature its
+  pooling norm and (unweighted pooled features) whether the step gave it one
+  id per example, which skips the pooling both ways.
   """
 
   def __init__(self, num_shards, read_step):
     self.num_shards = num_shards
     self.read_step = read_step
+    self.learning_rates = {}
     self.all_ids, self.unique_ids, self.gathered, self.lookups = {}, {}, {}, {}
     self.norms, self.one_id_each = {}, {}
     self.batch = None
@@ -175,11 +176,18 @@ class HostEmbeddingEngine:
 
     Its ids are de-duplicated and gathered here, and `apply_gradients(step)`
     updates them.  `read_step` (a tensor, or None) is what `learning_rate_fn`
-    and the gradient multiplier read, and the lookup runs after it is read.
+    and the gradient multiplier read, and the lookup runs after it is read;
+    the tables' learning rates are built from it here, with the lookup (the
+    update is built under the model's train op, in a synchronous cluster on
+    the chief's side).  Without it they are built with the update (the
+    mid-level API reads a callable rate at `apply_gradients`, as TF does).
     """
     step = LookupStep(num_shards, read_step)
     combined = {}
     for table in self.layout.tables:
+      if read_step is not None:
+        step.learning_rates[table.name] = self._learning_rate(table,
+                                                              read_step)
       features = [enqueued.inputs[feature.name]
                   for feature in self.layout.features_of(table.name)]
       for lookup in self._table_lookups(table, features, enqueued.ids_checked,
@@ -307,8 +315,10 @@ class HostEmbeddingEngine:
       if self.gradient_multiplier_fn is not None:
         row_gradients *= tf.cast(self.gradient_multiplier_fn(step.read_step),
                                  tf.float32)
-      update = _Update(ids, row_gradients,
-                       self._learning_rate(table, step.read_step), turns)
+      learning_rate = step.learning_rates.get(table.name)
+      if learning_rate is None:
+        learning_rate = self._learning_rate(table, step.read_step)
+      update = _Update(ids, row_gradients, learning_rate, turns)
       if pipelined:
         updates.append(self._park(table, update, step, cores))
       else:
@@ -474,18 +484,14 @@ class HostEmbeddingEngine:
                       if table.name in self._queues])
 
   def _learning_rate(self, table, read_step):
-    """Legacy precedence: table rate if truthy, else learning_rate_fn, else optimizer.
-
-    Built free of the control dependencies around the update: it reads only the
-    step, and the chief of synchronous training computes it in its own run.
-    """
-    with tf.control_dependencies(None):
-      if table.learning_rate:
-        rate = table.learning_rate
-      elif table.learning_rate_fn is not None:
-        rate = table.learning_rate_fn(read_step)
-      else:
-        rate = self.table_parameters(table).learning_rate
-        if callable(rate):
-          rate = rate()
-      return tf.cast(rate, tf.float32)
+    """Legacy precedence: table rate if truthy, else learning_rate_fn, else
+    optimizer."""
+    if table.learning_rate:
+      rate = table.learning_rate
+    elif table.learning_rate_fn is not None:
+      rate = table.learning_rate_fn(read_step)
+    else:
+      rate = self.table_parameters(table).learning_rate
+      if callable(rate):
+        rate = rate()
+    return tf.cast(rate, tf.float32)
