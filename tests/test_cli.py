@@ -7,8 +7,15 @@ import pytest
 
 from tpu_fc._tf import TF_VERSION
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 LANE = 'legacy' if TF_VERSION == (2, 15) else 'latest'
+PYTHON = '%d.%d' % sys.version_info[:2]
+# The TPU_FC_PYTHON under which scripts/lane.sh runs in this virtualenv ('' for
+# the lane's own Python), or None outside lane.sh's virtualenvs.
+LANE_PYTHON = {
+    os.path.join(REPO, '.venv-' + LANE): '',
+    os.path.join(REPO, '.venv-{}-py{}'.format(LANE, PYTHON)): PYTHON,
+}.get(os.path.realpath(sys.prefix))
 SCRIPT = '''
 import sys
 import tensorflow as tf
@@ -18,9 +25,9 @@ print('ran', sys.argv[1:])
 '''
 
 
-def run(command, cwd):
-  return subprocess.run(command, cwd=cwd, capture_output=True, text=True,
-                        timeout=300, check=False)
+def run(command, cwd, env=None):
+  return subprocess.run(command, cwd=cwd, env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
 
 
 def test_help_answers_without_importing_tensorflow(tmp_path):
@@ -44,19 +51,22 @@ def test_run_from_a_folder_that_holds_a_checkout_named_tpu_fc(tmp_path):
   assert "ran ['--flag']" in result.stdout
 
 
-@pytest.mark.skipif(
-    os.path.realpath(sys.prefix) !=
-    os.path.realpath(os.path.join(REPO, '.venv-' + LANE)),
-    reason="runs in scripts/lane.sh's own virtualenv only")
+@pytest.mark.skipif(LANE_PYTHON is None,
+                    reason="runs in scripts/lane.sh's own virtualenvs only")
 def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
   (tmp_path / 'mine.py').write_text(SCRIPT)
   lane = os.path.join(REPO, 'scripts', 'lane.sh')
+  env = dict(os.environ, TPU_FC_PYTHON=LANE_PYTHON)
+  prefix = run([lane, LANE, 'python', '-c', 'import sys; print(sys.prefix)'],
+               tmp_path, env)
+  assert (os.path.realpath(prefix.stdout.strip()) ==  # this very virtualenv
+          os.path.realpath(sys.prefix)), prefix.stderr
   result = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'mine.py', 'x'],
-               tmp_path)
+               tmp_path, env)
   assert result.returncode == 0, result.stderr
   assert "ran ['x']" in result.stdout
   missing = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'nope.py'],
-                tmp_path)
+                tmp_path, env)
   assert missing.returncode != 0
   assert 'no such script nope.py (relative paths start at {})'.format(
       tmp_path) in missing.stderr
