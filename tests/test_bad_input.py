@@ -535,6 +535,40 @@ def _train_one_step_on_tpu(model_dir, columns=None, spec=None,
   estimator.train(make_input_fn(lambda: {'ids': sparse(IDS)}), max_steps=1)
 
 
+@pytest.mark.parametrize('path', TPU_PATHS)
+@pytest.mark.parametrize('kind', ['vocabulary', 'hash'])
+def test_untransformed_values_out_of_range_say_to_map_them_in_input_fn(
+    tmp_path, path, kind):
+  """On a TPU an integer vocabulary or hash column's values reach the table as
+  ids (TF 2.15 did the same): the error names the column and says how to map
+  them to indices in input_fn (not to grow the vocabulary)."""
+  categorical = (
+      fc.categorical_column_with_vocabulary_list(
+          'ids', [10, 20, 30, 40, 50], dtype=tf.int64) if kind == 'vocabulary'
+      else fc.categorical_column_with_hash_bucket('ids', V, dtype=tf.int64))
+  device = (dict(embedding_lookup_device='tpu_tensor_core',
+                 tensor_core_shape=[None, WIDTH]) if path == 'tensor_core'
+            else {})
+  columns = [tpu_fc.embedding_column(categorical, D, **device)]
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=make_model_fn(columns), train_batch_size=B,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
+                              tpu_config=tpu_fc.TPUConfig(num_shards=NS)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.AdagradParameters(0.1)))
+  _assert_raised(
+      outcome(estimator.train, make_input_fn(
+          lambda: {'ids': sparse([[10], [20, 30], [3], [40]])}), max_steps=1),
+      tf.errors.InvalidArgumentError,
+      ['ids [10 20 30 40] are out of range [0, 5); its column {} has a {}, '
+       'which a TPU does not apply to the values of an embedding feature'
+       .format(categorical.name, kind),
+       "features['ids'] = <the embedding column>.categorical_column."
+       "_transform_feature({'ids': features['ids']})"],
+      start='Feature ids (table ')
+
+
 def test_a_combiner_typo_gets_tfs_error_before_training(tmp_path):
   """Refused when the TPU builds its tables, with the text of TF's TableConfig."""
   columns = [tpu_fc.embedding_column(fc.categorical_column_with_identity(

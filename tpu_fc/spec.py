@@ -123,6 +123,11 @@ class FeatureSpec:
   def is_sequence(self):
     return self.max_sequence_length > 0
 
+  @property
+  def ids_column(self):
+    """The categorical column giving the feature's ids (columns path), or None."""
+    return columns_lib.ids_column(self.column)
+
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLayout:

@@ -53,8 +53,8 @@ def explained():
 def _explanation(message):
   """The message to show for TF's `message`, or None to keep TF's."""
   check = _FAILED_CHECK.search(message)
-  if check:
-    return check.group(1)
+  if check:  # (TF's listing escapes the quotes of the data it prints)
+    return check.group(1).replace("\\'", "'").replace('\\"', '"')
   gather = _ID_OUT_OF_RANGE.search(message)
   if not gather:
     return None

@@ -400,7 +400,8 @@ def _ids_in_range(layout, inputs):
 
   def report():
     checks = [check_ids(enqueued.feature.name, table.name,
-                        enqueued.ids.values, table.vocabulary_size)
+                        enqueued.ids.values, table.vocabulary_size,
+                        enqueued.feature.ids_column)
               for table, enqueued in tables]
     with tf.control_dependencies(checks):
       return tf.constant(False)
@@ -422,19 +423,48 @@ def input_check(ok, message_fn):
       condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
 
 
-def check_ids(feature_name, table_name, ids, vocabulary_size):
-  """`ids` as int64, failing the step (naming feature and ids) if out of range."""
+def check_ids(feature_name, table_name, ids, vocabulary_size,
+              ids_column=None):
+  """`ids` as int64, failing the step (naming feature and ids) if out of range.
+
+  `ids_column`: the categorical column giving the feature's ids, if any; for a
+  vocabulary or hash column, whose transform a TPU does not apply to an
+  embedding feature's values, the error says to map them in input_fn.
+  """
   ids = tf.cast(ids, tf.int64)
   too_big = ids >= vocabulary_size
+  message = 'Feature {} (table {}): ids {{}} are out of range [0, {}); '.format(
+      feature_name, table_name, vocabulary_size)
+  transform = _untransformed(ids_column)
+  if transform is None:
+    message += ('use a vocabulary size above the largest id, or hash or clip '
+                'the ids in input_fn.')
+  else:
+    message += (
+        'its column {0} has a {1}, which a TPU does not apply to the values '
+        'of an embedding feature (they are looked up as ids, as in TF 2.15). '
+        'Map the values to indices in input_fn, in TRAIN and EVAL: '
+        "features['{2}'] = <the embedding column>.categorical_column."
+        "_transform_feature({{'{2}': features['{2}']}})".format(
+            ids_column.name, transform, feature_name))
   check = input_check(
       tf.logical_not(tf.reduce_any(too_big)),
       lambda: tf.strings.format(
-          'Feature {} (table {}): ids {{}} are out of range [0, {}); use a '
-          'vocabulary size above the largest id, or hash or clip the ids in '
-          'input_fn.'.format(feature_name, table_name, vocabulary_size),
-          tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]), summarize=8))
+          message, tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]),
+          summarize=8))
   with tf.control_dependencies([check]):
     return tf.identity(ids)
+
+
+def _untransformed(ids_column):
+  """What an integer categorical column would do to its values that the TPU's
+  enqueue does not ('vocabulary', 'hash'), or None."""
+  if (getattr(ids_column, 'vocabulary_list', None) is not None or
+      getattr(ids_column, 'vocabulary_file', None) is not None):
+    return 'vocabulary'
+  if getattr(ids_column, 'hash_bucket_size', None) is not None:
+    return 'hash'
+  return None
 
 
 def static_batch(features, embedding_features):

@@ -38,8 +38,8 @@ def densify(features, feature_columns, batch_size=None):
       raise ValueError(inputs.STRING_IDS_ERROR.format(key))
     ids = tf.sparse.retain(ids, ids.values >= 0)
     ids = tf.SparseTensor(ids.indices, inputs.check_ids(
-        key, column.name, ids.values, column.categorical_column.num_buckets),
-                          ids.dense_shape)
+        key, column.name, ids.values, column.categorical_column.num_buckets,
+        columns_lib.ids_column(column)), ids.dense_shape)
     width = columns_lib.tensor_core_shape(column)[1]
     checks = [] if batch_size is None else [
         inputs.check_batch_size(key, ids.dense_shape[0], batch_size)]
