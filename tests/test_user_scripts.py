@@ -122,6 +122,68 @@ def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
                    finished.stdout, re.S), finished.stdout
 
 
+def _host_call_model_fn(features, labels, mode, params):
+  """A host_call writing the loss as users wrote it (TF2 summaries)."""
+  logits = tf.compat.v1.layers.dense(
+      features, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.3))
+  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+  optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+  if params['use_tpu']:
+    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+  global_step = tf.compat.v1.train.get_global_step()
+
+  def host_call_fn(global_step, loss):
+    with tf.compat.v2.summary.create_file_writer(
+        params['summary_dir']).as_default():
+      with tf.compat.v2.summary.record_if(True):
+        tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
+        return tf.compat.v1.summary.all_v2_summary_ops()
+
+  return params['spec'](
+      mode, loss=loss, train_op=optimizer.minimize(loss, global_step),
+      host_call=(host_call_fn, [tf.reshape(global_step, [1]),
+                                tf.reshape(loss, [1])]))
+
+
+def _summary_steps(directory):
+  """The steps of the summaries written to `directory`, in order."""
+  return sorted(event.step
+                for path in tf.io.gfile.glob(os.path.join(directory, 'events*'))
+                for event in tf.compat.v1.train.summary_iterator(path)
+                for _ in event.summary.value)
+
+
+@pytest.mark.parametrize('run', ['loop', 'one_step', 'cpu', 'tf_cpu'])
+def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
+  """TPUConfig(experimental_host_call_every_n_steps=3), iterations_per_loop=4,
+  10 steps: on a TPU, at steps 0 and 3 of each loop (loops of 4, 4 and 2
+  steps: steps 0, 3, 4, 7, 8), in a loop or one step per run; with
+  use_tpu=False every step, as TF 2.15's own TPUEstimator(use_tpu=False)."""
+  if run == 'tf_cpu' and TF_VERSION != (2, 15):
+    pytest.skip("TF's own TPUEstimator is in the legacy lane only")
+  driver = tf.compat.v1.estimator.tpu if run == 'tf_cpu' else tpu_fc
+  use_tpu = run in ('loop', 'one_step')
+  summary_dir = str(tmp_path / 'host_call')
+  estimator = driver.TPUEstimator(
+      model_fn=_host_call_model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      params={'spec': driver.TPUEstimatorSpec, 'summary_dir': summary_dir},
+      config=driver.RunConfig(
+          model_dir=str(tmp_path / 'model'), tpu_config=driver.TPUConfig(
+              iterations_per_loop=4, num_shards=2 if use_tpu else None,
+              experimental_host_call_every_n_steps=3)))
+  if run == 'one_step':  # the same batch every step: one step per run
+    estimator.train(lambda params: (tf.constant(X[:BATCH]),
+                                    tf.constant(Y[:BATCH])), max_steps=10)
+  else:
+    estimator.train(input_fn, max_steps=10)
+  steps = _summary_steps(summary_dir)
+  # (host_call reads the global step in the run that increments it, as in
+  # TF: step k logs k or k + 1)
+  on_tpu_steps = [0, 3, 4, 7, 8] if use_tpu else list(range(10))
+  assert len(steps) == len(on_tpu_steps), steps
+  assert all(step in (k, k + 1) for k, step in zip(on_tpu_steps, steps)), steps
+
+
 HASH_BUCKETS = 7
 WORDS = np.array([b'a', b'b', b'c', b'd'] * (N // 4))
 
@@ -222,12 +284,13 @@ def _assert_same_model(got, want):
 @pytest.fixture(scope='module')
 def user_model_runs(tmp_path_factory):
   """The script under TF1 behaviour (disable_v2_behavior), emulated TPU with 2
-  shards looping 3 steps per run or 1, with 1 shard, on the CPU, and with a
-  dynamic batch; and with TF2 behaviour, 2 shards looping."""
+  shards looping 3 steps per run or 1 (also with host_call every 2 steps),
+  with 1 shard, on the CPU, and with a dynamic batch; and with TF2 behaviour,
+  2 shards looping."""
   tmp_path = tmp_path_factory.mktemp('user_model')
   runs = _run_user_model(tmp_path, 'v1', [
       'loop:tpu:2:3', 'step:tpu:2:1', 'one_shard:tpu:0:3', 'cpu:cpu:0:3',
-      'dynamic:tpu:2:3:dynamic_batch'])
+      'dynamic:tpu:2:3:dynamic_batch', 'every_2:tpu:2:3:host_call_every_2'])
   runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
                                     v1=False)['loop']
   if TF_VERSION == (2, 15):
@@ -256,6 +319,18 @@ def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name)
   assert [tag for tag, _ in run['summaries']] == ['loss'] * 6
   assert all(step in (k, k + 1)
              for k, (_, step) in enumerate(run['summaries'])), run['summaries']
+
+
+def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
+  """experimental_host_call_every_n_steps=2 in loops of 3 steps: steps 0 and
+  2 of each loop (0, 2, 3, 5), under TF1 control flow (a v1 cond in a v1
+  while_loop); the model trains as with host_call every step."""
+  run = user_model_runs['every_2']
+  assert [tag for tag, _ in run['summaries']] == ['loss'] * 4
+  assert all(step in (k, k + 1) for k, (_, step) in zip(
+      [0, 2, 3, 5], run['summaries'])), run['summaries']
+  _assert_same_model(dict(run, summaries=user_model_runs['loop']['summaries']),
+                     user_model_runs['loop'])
 
 
 def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):

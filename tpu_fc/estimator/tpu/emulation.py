@@ -121,14 +121,15 @@ def _merged_spec(raw_specs, mode, loop_body):
   if host_call is None:
     return tpu_specs[0].as_estimator_spec()
   tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
-  metric_fn = _refusing_v1_summaries(host_call[0])
-  if mode == model_fn.ModeKeys.EVAL and loop_body is not None:
-    metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
-  tpu_spec = tpu_specs[0]._replace(**{field: (metric_fn, tensors)})
+  host_call = (_refusing_v1_summaries(host_call[0]), tensors)
   if loop_body is None:
-    return tpu_spec.as_estimator_spec()
+    return tpu_specs[0]._replace(**{field: host_call}).as_estimator_spec()
+  if mode == model_fn.ModeKeys.EVAL:
+    host_call = (loop_body.metrics.recorded_host_call(*host_call), tensors)
+  else:
+    host_call = loop_body.host_call_on_its_steps(host_call)
   with loop_body.in_outer_name_scope():  # host_call's summary tags, as on a TPU
-    return tpu_spec.as_estimator_spec()
+    return tpu_specs[0]._replace(**{field: host_call}).as_estimator_spec()
 
 
 def _verified_estimator_spec(raw_spec, mode):

@@ -31,6 +31,7 @@ from tpu_fc.estimator.tpu import tpu_context
 from tpu_fc.estimator.tpu.tpu_config import check_positive_integer
 from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
 from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
+from tpu_fc.estimator.tpu.tpu_estimator_spec import HostCallHook
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
 from tpu_fc.lookup import tpu_embedding
@@ -294,15 +295,23 @@ class TPUEstimator(estimator.Estimator):
     in an in-graph loop when the input gives a new batch each step."""
     iterations = (self._loop_iterations(mode, eval_steps)
                   if inputs.next_batch_per_step else 1)
-    if iterations > 1:
-      loop = (loops.training_loop if mode == ModeKeys.TRAIN else
-              loops.evaluation_loop)
-      built = loop(
-          lambda f, l, loop_body: self._build_model(f, l, mode, sync,
-                                                    loop_body),
-          inputs.next_batch_per_step, iterations)
+    build_step = lambda f, l, loop_body: self._build_model(f, l, mode, sync,
+                                                           loop_body)
+    every_n_steps = (
+        self._config.tpu_config.experimental_host_call_every_n_steps)
+    if iterations > 1 and mode == ModeKeys.TRAIN:
+      built = loops.training_loop(build_step, inputs.next_batch_per_step,
+                                  iterations, every_n_steps)
+    elif iterations > 1:
+      built = loops.evaluation_loop(build_step, inputs.next_batch_per_step,
+                                    iterations)
     else:
       built = self._build_model(*inputs.next_batch(), mode, sync)
+      if mode == ModeKeys.TRAIN and not self._running_on_cpu(mode):
+        built = built._replace(spec=built.spec._replace(training_hooks=[
+            hook.on_steps_of_loops(every_n_steps, self._steps_per_tpu_loop())
+            if isinstance(hook, HostCallHook) else hook
+            for hook in built.spec.training_hooks]))
     # The columns' record of their tables' names was read by the build: it
     # holds Python objects no checkpoint's meta graph can serialize.
     naming.forget_recorded_scopes(tf.compat.v1.get_default_graph())
@@ -398,9 +407,14 @@ class TPUEstimator(estimator.Estimator):
       return 1
     if mode == ModeKeys.EVAL:
       return eval_steps or 1
+    return self._steps_per_tpu_loop() or 1
+
+  def _steps_per_tpu_loop(self):
+    """The steps of a TPU's training loop (TPUConfig.iterations_per_loop), or
+    None for a time-based value: its loops' lengths vary."""
     iterations = parse_iterations_per_loop(
         self._config.tpu_config.iterations_per_loop)
-    return iterations.value if iterations.unit == 'count' else 1
+    return iterations.value if iterations.unit == 'count' else None
 
   def _num_shards(self):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
