@@ -10,6 +10,7 @@ import pytest
 
 import tpu_fc
 from tpu_fc._tf import TF_VERSION
+from tpu_fc.estimator.tpu import replication
 from tpu_fc._tf import tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +35,7 @@ def model_fn(features, labels, mode, params):
         lambda labels, logits: {'mean_logit': tf.compat.v1.metrics.mean(logits)},
         [labels, logits]))
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-  if params['use_tpu']:
+  if params['use_tpu'] and not params.get('plain_optimizer'):
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
   hooks = {
       None: [],
@@ -74,6 +75,47 @@ def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
         tmp_path / 'legacy', use_tpu=False, driver=tf.compat.v1.estimator.tpu)
     np.testing.assert_allclose(legacy_kernel, cpu_kernel, rtol=1e-6)
     np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
+
+
+def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
+    tmp_path, tf_log, monkeypatch):
+  """No CrossShardOptimizer: as on a TPU, the dense variables get core 0's
+  update only, i.e. learn from the first half of every batch; a warning says
+  so once per process, naming CrossShardOptimizer."""
+  monkeypatch.setattr(replication, '_warned_core_0_trains_alone', [])
+
+  def estimator(name, plain_optimizer, use_tpu=True, batch_size=BATCH):
+    return tpu_fc.TPUEstimator(
+        model_fn=model_fn, use_tpu=use_tpu, train_batch_size=batch_size,
+        params={'hook_on_loss': None, 'spec': tpu_fc.TPUEstimatorSpec,
+                'plain_optimizer': plain_optimizer},
+        config=tpu_fc.RunConfig(
+            model_dir=str(tmp_path / name), tpu_config=tpu_fc.TPUConfig(
+                iterations_per_loop=2, num_shards=2 if use_tpu else None)))
+
+  estimator('cross_shard', plain_optimizer=False).train(input_fn, max_steps=1)
+  assert not [m for m in tf_log if 'no cross-replica sum' in m]
+  plain = estimator('plain', plain_optimizer=True)
+  plain.train(input_fn, max_steps=2)
+  plain.train(input_fn, max_steps=4)
+  assert [m for m in tf_log if 'no cross-replica sum' in m] == [
+      "TPUConfig.num_shards=2, and the train_op updates trainable variables "
+      "(dense/bias, dense/kernel) with no cross-replica sum: as on a TPU, only "
+      "core 0's update is applied, so they learn from 1/2 of every batch (core "
+      "0's slice). Wrap the optimizer in tf.compat.v1.tpu.CrossShardOptimizer "
+      "to train them on the whole batch."]
+  # Each train() read the first 2 batches; core 0 had their first halves.
+  core_0 = np.concatenate([X[:BATCH // 2], X[BATCH:BATCH + BATCH // 2]] * 2)
+  core_0_labels = np.concatenate([Y[:BATCH // 2],
+                                  Y[BATCH:BATCH + BATCH // 2]] * 2)
+  on_core_0_slices = estimator('core_0', plain_optimizer=True, use_tpu=False,
+                               batch_size=BATCH // 2)
+  on_core_0_slices.train(lambda params: tf.data.Dataset.from_tensor_slices(
+      (core_0, core_0_labels)).batch(params['batch_size']), max_steps=4)
+  for name in ('dense/kernel', 'dense/bias'):
+    np.testing.assert_allclose(plain.get_variable_value(name),
+                               on_core_0_slices.get_variable_value(name),
+                               rtol=1e-6, err_msg=name)
 
 
 HOOK_EXPLANATION = ('training_hooks cannot fetch its tensors .*Pass them to '

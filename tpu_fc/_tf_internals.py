@@ -162,6 +162,15 @@ def is_stateful(op):
   return op._is_stateful
 
 
+def captured_by(tensor):
+  """The outer graph's tensor that a function graph's (a v2 loop body's)
+  placeholder `tensor` captures, or None."""
+  for external, internal in getattr(tensor.graph, 'captures', ()):
+    if internal is tensor:
+      return external
+  return None
+
+
 def creation_order(op):
   """A key sorting ops in the order the graph created them."""
   return op._id

@@ -262,9 +262,10 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
     with build_context.building(mode):
       return call_model_fn(shard_features, slice_of(labels, shard))
 
-  raw_specs = replication.replicate(build_shard, num_shards, [
-      creator for backend in backends
-      for creator in backend.shared_table_creators()])
+  raw_specs = replication.replicate(
+      build_shard, num_shards, [creator for backend in backends
+                                for creator in backend.shared_table_creators()],
+      sliced_training=training and not broadcast)
   graph = tf.compat.v1.get_default_graph()
   _localize_dummies(graph)
   # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
