@@ -25,6 +25,18 @@ def input_fn(params):
       params['batch_size'], drop_remainder=True)
 
 
+def _mean_logit(labels, logits):
+  del labels
+  return {'mean_logit': tf.compat.v1.metrics.mean(logits)}
+
+
+def _keras_auc(labels, logits):
+  """A Keras metric object, as TF's EstimatorSpec takes it."""
+  auc = tf.keras.metrics.AUC()
+  auc.update_state(labels, tf.sigmoid(logits))
+  return {'auc': auc}
+
+
 def model_fn(features, labels, mode, params):
   """Features as one Tensor (not a dict), as in TF's MNIST/ResNet TPU models."""
   logits = tf.compat.v1.layers.dense(
@@ -32,8 +44,7 @@ def model_fn(features, labels, mode, params):
   loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
   if mode == tpu_fc.ModeKeys.EVAL:
     return params['spec'](mode, loss=loss, eval_metrics=(
-        lambda labels, logits: {'mean_logit': tf.compat.v1.metrics.mean(logits)},
-        [labels, logits]))
+        params.get('metric_fn', _mean_logit), [labels, logits]))
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   if params['use_tpu'] and not params.get('plain_optimizer'):
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
@@ -48,18 +59,42 @@ def model_fn(features, labels, mode, params):
       train_op=optimizer.minimize(loss, tf.compat.v1.train.get_global_step()))
 
 
-def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc):
+def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
+           metric_fn=_mean_logit, eval_steps=N // BATCH):
   """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
   estimator = driver.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
       eval_batch_size=BATCH,
-      params={'hook_on_loss': hook_on_loss, 'spec': driver.TPUEstimatorSpec},
+      params={'hook_on_loss': hook_on_loss, 'spec': driver.TPUEstimatorSpec,
+              'metric_fn': metric_fn},
       config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
           iterations_per_loop=2, num_shards=2 if use_tpu else None)))
   estimator.train(input_fn, max_steps=2)
   metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
-      lambda params: input_fn(params).take(N // BATCH), steps=N // BATCH)
+      lambda params: input_fn(params).take(eval_steps), steps=eval_steps)
   return metrics, estimator.get_variable_value('dense/kernel')
+
+
+def test_a_keras_metric_from_metric_fn_counts_on_the_cpu_and_is_refused_on_a_tpu(
+    tmp_path):
+  """As TF 2.15: with use_tpu=False its EstimatorSpec takes a Keras metric
+  object; its TPU evaluation fails on one (it takes each metric's [0] and
+  [1]): the same TypeError, saying what a metric_fn returns, in an
+  evaluation loop and in a one-step evaluation alike."""
+  metrics, _ = _train(tmp_path / 'cpu', use_tpu=False, metric_fn=_keras_auc)
+  assert 0 < metrics['auc'] <= 1
+  if TF_VERSION == (2, 15):
+    legacy, _ = _train(tmp_path / 'legacy', use_tpu=False, metric_fn=_keras_auc,
+                       driver=tf.compat.v1.estimator.tpu)
+    assert legacy['auc'] == metrics['auc']
+  for eval_steps in (N // BATCH, 1):
+    with pytest.raises(TypeError, match=re.escape(
+        "'AUC' object is not subscriptable: metric_fn returned it for metric "
+        "'auc'. On a TPU (use_tpu=True, eval_on_tpu=True), a metric_fn returns "
+        'a dict of name -> (value, update_op) pairs, e.g. from '
+        'tf.compat.v1.metrics.*')):
+      _train(tmp_path / 'tpu_{}'.format(eval_steps), use_tpu=True,
+             metric_fn=_keras_auc, eval_steps=eval_steps)
 
 
 def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
