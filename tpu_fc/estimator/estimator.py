@@ -29,9 +29,9 @@ from tpu_fc.estimator import sessions
 from tpu_fc.estimator.hooks import CheckpointInputPipelineHook
 from tpu_fc.estimator.model_fn import ModeKeys
 
-# Times a reader chooses the latest checkpoint again when a trainer pruned the
-# one it chose before reading it.
-_PRUNED_CHECKPOINT_RETRIES = 3
+# Times a reader chooses the latest checkpoint again when a trainer deleted the
+# one it chose before it could hold it (`checkpoints.held`).
+_HOLD_ATTEMPTS = 10
 _VALID_MODEL_FN_ARGS = frozenset(
     ['features', 'labels', 'mode', 'params', 'self', 'config'])
 
@@ -284,26 +284,34 @@ class Estimator(object):
           'initialization to {}.'.format(self._model_dir, mode))
 
   def _reading_checkpoint(self, checkpoint_path, choose, read):
-    """`read(checkpoint_path)`, or, without one, `read(choose())`, chosen again
-    when the chosen checkpoint was deleted before it was read (pruned by a
-    trainer's keep_checkpoint_max), a few times; then the error stands."""
+    """`read(checkpoint)` of `checkpoint_path`, or, without one, of `choose()`
+    (None: no checkpoint), from a copy held while it is read
+    (`checkpoints.held`), so that a trainer's `keep_checkpoint_max` cannot
+    delete it meanwhile; what `read` reports names the original
+    (`checkpoints.original_path`).  A chosen checkpoint deleted before it
+    could be held is chosen anew, up to `_HOLD_ATTEMPTS` times."""
     if checkpoint_path:
-      if not checkpoints.exists(checkpoint_path):  # TF's Saver.restore's error
-        raise ValueError('The passed save_path is not a valid checkpoint: '
-                         '{}'.format(checkpoint_path))
-      return read(checkpoint_path)
-    for attempt in range(_PRUNED_CHECKPOINT_RETRIES):
+      with checkpoints.held(checkpoint_path) as copy:
+        if copy is None:  # TF's Saver.restore's error
+          raise ValueError('The passed save_path is not a valid checkpoint: '
+                           '{}'.format(checkpoint_path))
+        return read(copy)
+    for _ in range(_HOLD_ATTEMPTS):
       chosen = choose()
-      try:
+      if not chosen:
         return read(chosen)
-      except (tf.errors.OpError, ValueError):
-        if (not chosen or checkpoints.exists(chosen) or
-            attempt + 1 == _PRUNED_CHECKPOINT_RETRIES):
-          raise
-        tf.compat.v1.logging.warning(
-            'Checkpoint %s was deleted before it was read (pruned by a '
-            "training run's keep_checkpoint_max?); reading the latest one.",
-            chosen)
+      with checkpoints.held(chosen) as copy:
+        if copy is not None:
+          return read(copy)
+      tf.compat.v1.logging.warning(
+          'Checkpoint %s was deleted before it could be read (pruned by a '
+          "training run's keep_checkpoint_max?); reading the latest one.",
+          chosen)
+    raise ValueError(
+        'Checkpoint {} was deleted before it could be read, as were the {} '
+        'chosen before it: a training run prunes checkpoints faster than they '
+        'can be held. Pass checkpoint_path= of one it keeps.'.format(
+            chosen, _HOLD_ATTEMPTS - 1))
 
   def _checkpoint_to_export(self):
     """The latest checkpoint, else the warm-start one (as Estimator exports)."""

@@ -78,7 +78,8 @@ def _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
             'make sure your model_fn does not expect variables that were not '
             'saved in the checkpoint.\n\nEncountered error with mode `{}` '
             'while restoring checkpoint from: `{}`. Full Traceback:\n\n{}'
-            .format(ModeKeys.PREDICT, checkpoint_path, e)) from e
+            .format(ModeKeys.PREDICT, checkpoints.original_path(
+                checkpoint_path), e)) from e
       builder = tf.compat.v1.saved_model.Builder(temp_dir)
       builder.add_meta_graph_and_variables(
           session, [tf.saved_model.SERVING], signature_def_map=signatures,

@@ -186,7 +186,8 @@ def evaluate(built, hooks, checkpoint_path, config, output_dir):
   step = results[_GLOBAL_STEP]
   _write_dict_to_summary(output_dir, results, step)
   if checkpoint_path:
-    _write_checkpoint_path_to_summary(output_dir, checkpoint_path, step)
+    _write_checkpoint_path_to_summary(
+        output_dir, checkpoints.original_path(checkpoint_path), step)
   return results
 
 
