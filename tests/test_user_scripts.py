@@ -39,12 +39,16 @@ def _keras_auc(labels, logits):
 
 def model_fn(features, labels, mode, params):
   """Features as one Tensor (not a dict), as in TF's MNIST/ResNet TPU models."""
+  params.get('record', lambda params: None)(params)
   logits = tf.compat.v1.layers.dense(
       features, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.3))
+  if mode == tpu_fc.ModeKeys.PREDICT:
+    return params['spec'](mode, predictions={'logit': logits})
   loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
   if mode == tpu_fc.ModeKeys.EVAL:
-    return params['spec'](mode, loss=loss, eval_metrics=(
-        params.get('metric_fn', _mean_logit), [labels, logits]))
+    return params['spec'](mode, loss=loss, predictions={'logit': logits},
+                          eval_metrics=(params.get('metric_fn', _mean_logit),
+                                        [labels, logits]))
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   if params['use_tpu'] and not params.get('plain_optimizer'):
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
@@ -54,21 +58,40 @@ def model_fn(features, labels, mode, params):
                                                        every_n_iter=1)],
       'nan': [tf.compat.v1.train.NanTensorHook(loss)],
   }[params['hook_on_loss']]
+  global_step = tf.compat.v1.train.get_global_step()
+  host_call = None
+  if 'summary_dir' in params:  # the loss, as users wrote it (TF2 summaries)
+
+    def host_call_fn(global_step, loss):
+      with tf.compat.v2.summary.create_file_writer(
+          params['summary_dir']).as_default():
+        with tf.compat.v2.summary.record_if(True):
+          tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
+          return tf.compat.v1.summary.all_v2_summary_ops()
+
+    host_call = (host_call_fn, [tf.reshape(global_step, [1]),
+                                tf.reshape(loss, [1])])
   return params['spec'](
-      mode, loss=loss, training_hooks=hooks,
-      train_op=optimizer.minimize(loss, tf.compat.v1.train.get_global_step()))
+      mode, loss=loss, training_hooks=hooks, host_call=host_call,
+      train_op=optimizer.minimize(loss, global_step))
+
+
+def estimator_of(model_dir, use_tpu, driver=tpu_fc, **params):
+  """`driver`'s TPUEstimator (tpu_fc's or TF's) of `model_fn`."""
+  return driver.TPUEstimator(
+      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      eval_batch_size=BATCH, predict_batch_size=BATCH,
+      params=dict({'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec},
+                  **params),
+      config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
+          iterations_per_loop=2, num_shards=2 if use_tpu else None)))
 
 
 def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
            metric_fn=_mean_logit, eval_steps=N // BATCH):
   """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
-  estimator = driver.TPUEstimator(
-      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
-      eval_batch_size=BATCH,
-      params={'hook_on_loss': hook_on_loss, 'spec': driver.TPUEstimatorSpec,
-              'metric_fn': metric_fn},
-      config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
-          iterations_per_loop=2, num_shards=2 if use_tpu else None)))
+  estimator = estimator_of(model_dir, use_tpu, driver,
+                           hook_on_loss=hook_on_loss, metric_fn=metric_fn)
   estimator.train(input_fn, max_steps=2)
   metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
       lambda params: input_fn(params).take(eval_steps), steps=eval_steps)
@@ -119,18 +142,10 @@ def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
   so once per process, naming CrossShardOptimizer."""
   monkeypatch.setattr(replication, '_warned_core_0_trains_alone', [])
 
-  def estimator(name, plain_optimizer, use_tpu=True, batch_size=BATCH):
-    return tpu_fc.TPUEstimator(
-        model_fn=model_fn, use_tpu=use_tpu, train_batch_size=batch_size,
-        params={'hook_on_loss': None, 'spec': tpu_fc.TPUEstimatorSpec,
-                'plain_optimizer': plain_optimizer},
-        config=tpu_fc.RunConfig(
-            model_dir=str(tmp_path / name), tpu_config=tpu_fc.TPUConfig(
-                iterations_per_loop=2, num_shards=2 if use_tpu else None)))
-
-  estimator('cross_shard', plain_optimizer=False).train(input_fn, max_steps=1)
+  estimator_of(tmp_path / 'cross_shard', use_tpu=True).train(input_fn,
+                                                            max_steps=1)
   assert not [m for m in tf_log if 'no cross-replica sum' in m]
-  plain = estimator('plain', plain_optimizer=True)
+  plain = estimator_of(tmp_path / 'plain', use_tpu=True, plain_optimizer=True)
   plain.train(input_fn, max_steps=2)
   plain.train(input_fn, max_steps=4)
   assert [m for m in tf_log if 'no cross-replica sum' in m] == [
@@ -143,10 +158,9 @@ def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
   core_0 = np.concatenate([X[:BATCH // 2], X[BATCH:BATCH + BATCH // 2]] * 2)
   core_0_labels = np.concatenate([Y[:BATCH // 2],
                                   Y[BATCH:BATCH + BATCH // 2]] * 2)
-  on_core_0_slices = estimator('core_0', plain_optimizer=True, use_tpu=False,
-                               batch_size=BATCH // 2)
+  on_core_0_slices = estimator_of(tmp_path / 'core_0', use_tpu=False)
   on_core_0_slices.train(lambda params: tf.data.Dataset.from_tensor_slices(
-      (core_0, core_0_labels)).batch(params['batch_size']), max_steps=4)
+      (core_0, core_0_labels)).batch(BATCH // 2), max_steps=4)
   for name in ('dense/kernel', 'dense/bias'):
     np.testing.assert_allclose(plain.get_variable_value(name),
                                on_core_0_slices.get_variable_value(name),
@@ -199,29 +213,6 @@ def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
                    finished.stdout, re.S), finished.stdout
 
 
-def _host_call_model_fn(features, labels, mode, params):
-  """A host_call writing the loss as users wrote it (TF2 summaries)."""
-  logits = tf.compat.v1.layers.dense(
-      features, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.3))
-  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
-  optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-  if params['use_tpu']:
-    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
-  global_step = tf.compat.v1.train.get_global_step()
-
-  def host_call_fn(global_step, loss):
-    with tf.compat.v2.summary.create_file_writer(
-        params['summary_dir']).as_default():
-      with tf.compat.v2.summary.record_if(True):
-        tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
-        return tf.compat.v1.summary.all_v2_summary_ops()
-
-  return params['spec'](
-      mode, loss=loss, train_op=optimizer.minimize(loss, global_step),
-      host_call=(host_call_fn, [tf.reshape(global_step, [1]),
-                                tf.reshape(loss, [1])]))
-
-
 def _summary_steps(directory):
   """The steps of the summaries written to `directory`, in order."""
   return sorted(event.step
@@ -242,8 +233,9 @@ def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
   use_tpu = run in ('loop', 'one_step')
   summary_dir = str(tmp_path / 'host_call')
   estimator = driver.TPUEstimator(
-      model_fn=_host_call_model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
-      params={'spec': driver.TPUEstimatorSpec, 'summary_dir': summary_dir},
+      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      params={'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec,
+              'summary_dir': summary_dir},
       config=driver.RunConfig(
           model_dir=str(tmp_path / 'model'), tpu_config=driver.TPUConfig(
               iterations_per_loop=4, num_shards=2 if use_tpu else None,

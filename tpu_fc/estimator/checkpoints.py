@@ -61,6 +61,17 @@ def latest_checkpoint(directory):
   return tf.train.latest_checkpoint(directory)
 
 
+def latest_global_step(directory):
+  """The global step of `directory`'s latest checkpoint; 0 without one."""
+  checkpoint = latest_checkpoint(directory)
+  if not checkpoint:
+    return 0
+  reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)
+  if not reader.has_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP):
+    return 0
+  return reader.get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP)
+
+
 TRAINING_LOCK = '.tpu_fc_training.lock'
 
 

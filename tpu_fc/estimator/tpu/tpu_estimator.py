@@ -204,26 +204,40 @@ class TPUEstimator(estimator.Estimator):
 
   # Export --------------------------------------------------------------------
 
-  def _check_export(self):
-    """TF's check; `export_to_tpu` adds a TPU meta graph only on a TPU system:
+  def _check_export(self, input_receiver_fn_map):
+    """TF's checks and warnings (`tpu_estimator.py`, lines 2868-2917);
+    `export_to_tpu` adds a TPU meta graph to PREDICT's only on a TPU system:
     without one it is skipped (logged)."""
     if not (self._export_to_cpu or self._export_to_tpu):
       raise ValueError('One of export_to_cpu and export_to_tpu must be true.')
-    if self._export_to_tpu:
+    if not self._export_to_tpu:
+      return
+    for mode in input_receiver_fn_map:
+      if mode != ModeKeys.PREDICT:
+        tf.compat.v1.logging.warn(
+            'TPUEstimator only handles mode PREDICT for exporting when '
+            '`export_to_tpu` is `True`; Mode {} will be ignored for TPU.'
+            .format(mode))
+    if ModeKeys.PREDICT in input_receiver_fn_map:
       tf.compat.v1.logging.warn(
           'No TPU: export_to_tpu=True writes no TPU meta graph here; the '
           'SavedModel has the CPU (serving) graph only.')
 
-  def _build_serving_model(self, features):
-    """The PREDICT graph with every embedding looked up on the CPU."""
-    params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
+  def _model_fn_as_exported(self, features, labels, mode, config):
+    """As TF's TPUEstimator exports (and its `model_fn` calls) the model_fn:
+    on the CPU, `params['use_tpu']` False, no batch size (`tpu_estimator.py`,
+    `_augment_model_fn`'s export mode, lines 3157-3201, and
+    `_call_model_fn`, 2014-2076).  PREDICT looks up every embedding on the
+    CPU, its ids cut as a TPU enqueues them."""
+    params = self._params_for(mode, use_tpu=False)
     params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
-    features = lookup_backends.model_features(
-        self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
-        features, None)
-    with build_context.building(ModeKeys.PREDICT):
+    if mode == ModeKeys.PREDICT:
+      features = lookup_backends.model_features(
+          self._backends(mode, on_tpu=self._use_tpu, serving=True),
+          features, None)
+    with build_context.building(mode), replication.one_replica():
       return to_estimator_spec(self._call_model_fn(
-          features, None, ModeKeys.PREDICT, self.config, params))
+          features, labels, mode, config, params))
 
   # Training ------------------------------------------------------------------
 
@@ -468,7 +482,8 @@ class TPUEstimator(estimator.Estimator):
     """`params['context']` in emulated TPU training and evaluation, as on a TPU."""
     if not self._running_on_cpu(mode) and mode != ModeKeys.PREDICT:
       estimator.add_item_to_params(params, _CONTEXT_KEY, tpu_context.TPUContext(
-          self._num_shards(), call_from_input_fn))
+          self._num_shards(), call_from_input_fn,
+          self._config.tpu_config.num_cores_per_replica))
 
   def _call_input_fn(self, input_fn, mode):
     """TPUEstimator's checks, then the Estimator's call of input_fn."""
