@@ -106,12 +106,6 @@ def training_lock(model_dir):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def exists(prefix):
-  """Whether checkpoint `prefix` has its index and data files."""
-  return bool(tf.io.gfile.exists(prefix + '.index') and
-              tf.io.gfile.glob(prefix + '.data-*'))
-
-
 # The temporary directories of held checkpoints.
 HELD_DIRECTORY_PREFIX = '.tpu_fc_reading-'
 # {held copy's prefix: the checkpoint's own prefix}, while held.
