@@ -389,7 +389,8 @@ class Estimator(object):
     if max_steps is not None and max_steps <= 0:
       raise ValueError(
           'Must specify max_steps > 0, given: {}'.format(max_steps))
-    if max_steps is not None and max_steps <= checkpoints.latest_global_step(self._model_dir):
+    if (max_steps is not None and
+        max_steps <= checkpoints.latest_global_step(self._model_dir)):
       tf.compat.v1.logging.info(
           'Skipping training since max_steps has already saved.')
       return self

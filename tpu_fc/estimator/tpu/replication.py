@@ -326,9 +326,11 @@ _warned_core_0_trains_alone = []
 def _warn_if_core_0_trains_alone(train_op, num_shards, trainable):
   """Warns, once per process, that `train_op` updates `trainable` variables
   with core 0's gradients only (no shard summed them)."""
+  if _warned_core_0_trains_alone:
+    return
   updated = sorted(_variables_written_by(train_op) &
                    {variable.op.name for variable in trainable})
-  if not updated or _warned_core_0_trains_alone:
+  if not updated:
     return
   _warned_core_0_trains_alone.append(True)
   tf.compat.v1.logging.warning(
