@@ -59,6 +59,8 @@ TRAINING_NAMES = ('TrainSpec', 'EvalSpec', 'Exporter', 'LatestExporter',
 def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   """TF 2.15's own names win; without tf.estimator, tpu_fc's stand in."""
   from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
   legacy = tf.__version__.startswith('2.15')
   for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
     for name in HOOK_NAMES:  # tensorflow_estimator re-exported TF core's
@@ -74,12 +76,29 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
         assert bound is value, name
     assert (estimator_namespace.train_and_evaluate.__wrapped__ is
             tpu_fc.train_and_evaluate)
+    assert estimator_namespace.VocabInfo is tf.compat.v1.train.VocabInfo
+    assert estimator_namespace.export.EvalOutput is tpu_fc.export.EvalOutput
+    experimental = {
+        'InMemoryEvaluatorHook': hooks.InMemoryEvaluatorHook,
+        'make_stop_at_checkpoint_step_hook': (
+            hooks.make_stop_at_checkpoint_step_hook),
+        'build_raw_supervised_input_receiver_fn': (
+            tpu_fc.export.build_raw_supervised_input_receiver_fn)}
+    for name, value in experimental.items():
+      bound = getattr(estimator_namespace.experimental, name)
+      assert (bound.__module__.startswith('tensorflow_estimator.') if legacy
+              else bound is value), name
+  for name in ('numpy_input_fn', 'pandas_input_fn'):  # TF 1's API only
+    bound = getattr(tf.compat.v1.estimator.inputs, name)
+    assert (bound.__module__.startswith('tensorflow_estimator.') if legacy
+            else bound is getattr(inputs, name)), name
+  assert not hasattr(tf.estimator, 'inputs')
   # Loading tensorflow_estimator for those names left the bindings alone.
   assert tf.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
 
 
 @pytest.mark.parametrize('name', [
-    'train_and_evaluate', 'experimental.make_early_stopping_hook',
+    'train_and_evaluate', 'add_metrics', 'experimental.make_early_stopping_hook',
     'experimental.stop_if_higher_hook', 'experimental.stop_if_lower_hook',
     'experimental.stop_if_no_increase_hook',
     'experimental.stop_if_no_decrease_hook'])
@@ -88,6 +107,7 @@ def test_estimator_functions_leave_other_estimators_to_tf(installed, name):
   arguments = {
       'train_and_evaluate': (tf.estimator.TrainSpec(lambda: None),
                              tf.estimator.EvalSpec(lambda: None)),
+      'add_metrics': (lambda labels: {},),
       'experimental.make_early_stopping_hook': (lambda: True,)}
   for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
     function = estimator_namespace
@@ -158,7 +178,9 @@ from tensorflow.estimator.experimental import stop_if_no_decrease_hook
 from tensorflow.compat.v1.estimator.tpu import TPUEstimator
 from tensorflow.compat.v1.estimator.tpu.experimental import EmbeddingConfigSpec
 import tensorflow.estimator.export as export
+from tensorflow.compat.v1.estimator.inputs import numpy_input_fn
 from tpu_fc.estimator import early_stopping
+assert numpy_input_fn is tf.compat.v1.estimator.inputs.numpy_input_fn
 assert stop_if_no_decrease_hook.__wrapped__ is (
     early_stopping.stop_if_no_decrease_hook)
 assert TPUEstimator is tpu_fc.TPUEstimator

@@ -3,14 +3,17 @@
 A `checkpoint` state file may name any path; TF 2.15's Estimator restores from it
 and, with `keep_checkpoint_max`, deletes what it names.  tpu_fc refuses such a
 file with an error naming it and the path, and touches nothing outside.  A
-reader whose checkpoint a trainer pruned reads the newest; a second trainer on
-one model_dir fails at once.
+reader holds the checkpoint it chose, which a trainer's pruning cannot take; a
+second trainer on one model_dir fails at once.
 """
+import glob
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ import pytest
 import tpu_fc
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
+from tpu_fc.estimator import checkpoints
 
 BATCH = 4
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,63 +99,146 @@ def test_a_state_file_naming_a_checkpoint_outside_model_dir_is_refused(
   assert explicit['global_step'] == 1
 
 
-def _prune_latest_once(model_dir, pruned):
-  """As a trainer saving often does, once: saves a newer checkpoint
-  (model.ckpt-5, with the latest's values) and prunes the latest."""
-  if pruned:
-    return
-  latest = tf.train.latest_checkpoint(str(model_dir))
-  for path in tf.io.gfile.glob(latest + '.*'):
-    tf.io.gfile.copy(path, path.replace('model.ckpt-2', 'model.ckpt-5'))
-    tf.io.gfile.remove(path)
-  tf.compat.v1.train.update_checkpoint_state(
-      str(model_dir), str(model_dir / 'model.ckpt-5'))
-  pruned.append(latest)
+def _step_model_fn(features, labels, mode, params):
+  """`_model_fn`, predicting also the global step its checkpoint was saved at."""
+  spec = _model_fn(features, labels, mode, params)
+  if mode != tpu_fc.ModeKeys.PREDICT:
+    return spec
+  step = tf.compat.v1.train.get_global_step()
+  return spec._replace(predictions=dict(spec.predictions, step=tf.fill(
+      [BATCH], step)))
 
 
-class _PruneLatestHook(tf.compat.v1.train.SessionRunHook):
-  """Prunes between the reader's choice of a checkpoint and its restore."""
+class _Saves(tf.compat.v1.train.CheckpointSaverListener):
+  """The steps a trainer saved, waited on by readers."""
 
-  def __init__(self, model_dir):
-    self._model_dir = model_dir
-    self.pruned = []
+  def __init__(self):
+    self.steps = []
+    self.changed = threading.Condition()
+
+  def after_save(self, session, global_step_value):
+    with self.changed:
+      self.steps.append(global_step_value)
+      self.changed.notify_all()
+
+  def wait_for(self, count, after_step=-1):
+    """Until `count` saves of steps after `after_step`."""
+    with self.changed:
+      assert self.changed.wait_for(
+          lambda: sum(step > after_step for step in self.steps) >= count,
+          timeout=300), self.steps
+
+
+class _StopWhen(tf.compat.v1.train.SessionRunHook):
+
+  def __init__(self, event):
+    self._event = event
+
+  def after_run(self, run_context, run_values):
+    if self._event.is_set():
+      run_context.request_stop()
+
+
+def test_a_trainer_pruning_cannot_take_the_checkpoint_a_reader_chose(
+    tmp_path, tf_log):
+  """A trainer saves every 5 steps, keeping 2, in another thread; each
+  export, evaluate and predict, once it has chosen the latest checkpoint,
+  waits (in its input function) until the trainer saved twice more, so that
+  what it chose is pruned before it restores it.  Each reads what it chose,
+  reports it by its own name, and leaves no file behind."""
+  model_dir = tmp_path / 'model'
+  config = tpu_fc.RunConfig(model_dir=str(model_dir), keep_checkpoint_max=2,
+                            save_checkpoints_steps=5)
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_step_model_fn, use_tpu=False, train_batch_size=BATCH,
+      eval_batch_size=BATCH, predict_batch_size=BATCH, config=config)
+  saves, done, failed = _Saves(), threading.Event(), []
+
+  def train():
+    try:
+      estimator.train(_input_fn, max_steps=10 ** 9, hooks=[_StopWhen(done)],
+                      saving_listeners=[saves])
+    except Exception as error:  # pylint: disable=broad-except
+      failed.append(error)
+      saves.wait_for = lambda *args, **kwargs: pytest.fail(repr(error))
+
+  trainer = threading.Thread(target=train)
+  trainer.start()
+  chosen_at_most = []
+
+  def after_two_more_saves():
+    """The step of the latest checkpoint (the chosen one or a later), once
+    two more saves pruned it."""
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    step = int(latest.rsplit('-', 1)[1])
+    saves.wait_for(2, after_step=step)
+    assert not os.path.exists(latest + '.index')  # pruned
+    chosen_at_most.append(step)
+
+  def receiver_fn():
+    after_two_more_saves()
+    x = tf.compat.v1.placeholder(tf.float32, [None, 2])
+    return tpu_fc.export.TensorServingInputReceiver(x, {'x': x})
+
+  def input_fn(params):
+    after_two_more_saves()
+    return _input_fn(params).take(1)
+
+  try:
+    saves.wait_for(1)
+    exported = [estimator.export_saved_model(str(tmp_path / 'export'),
+                                             receiver_fn) for _ in range(3)]
+    metrics = estimator.evaluate(input_fn)
+    prediction = next(estimator.predict(input_fn))
+  finally:
+    done.set()
+    trainer.join()
+  assert not failed
+  steps = [int(tf.train.load_variable(os.path.join(path.decode(), 'variables',
+                                                   'variables'), 'global_step'))
+           for path in exported] + [metrics['global_step'], prediction['step']]
+  assert all(0 <= step <= at_most
+             for step, at_most in zip(steps, chosen_at_most)), (
+                 steps, chosen_at_most)
+  evaluated = 'model.ckpt-{}'.format(metrics['global_step'])
+  summary_paths = [
+      value.tensor.string_val[0].decode()
+      for path in tf.io.gfile.glob(str(model_dir / 'eval' / 'events*'))
+      for event in tf.compat.v1.train.summary_iterator(path)
+      for value in event.summary.value if value.tag == 'checkpoint_path']
+  assert summary_paths == [str(model_dir / evaluated)]
+  restored = [m for m in tf_log if m.startswith('Restoring parameters from')]
+  assert len(restored) == 5 and 'Restoring parameters from {}'.format(
+      model_dir / evaluated) in restored, restored
+  assert not [name for name in os.listdir(model_dir)
+              if name.startswith(checkpoints.HELD_DIRECTORY_PREFIX)]
+  assert not any('was deleted before' in m for m in tf_log)
+
+
+class _HeldCopies(tf.compat.v1.train.SessionRunHook):
+  """The held copies in the system's temp dir while the session starts."""
 
   def begin(self):
-    _prune_latest_once(self._model_dir, self.pruned)
+    self.held = {
+        path: sorted(os.listdir(path))
+        for path in glob.glob(os.path.join(
+            tempfile.gettempdir(), checkpoints.HELD_DIRECTORY_PREFIX + '*'))}
 
 
-@pytest.mark.parametrize('read', ['evaluate', 'predict', 'export'])
-def test_a_checkpoint_pruned_before_it_is_read_is_replaced_by_the_latest(
-    tmp_path, read, tf_log):
-  model_dir = tmp_path / 'model'
+def test_where_hard_links_fail_the_checkpoint_is_held_as_a_copy(tmp_path):
+  """A filesystem without hard links (TF's ram://, as gs://): the held copy
+  is a copy in the system's temp dir, removed after the read."""
+  model_dir = 'ram://' + str(tmp_path / 'model')
   estimator = tpu_fc.TPUEstimator(
       model_fn=_model_fn, use_tpu=False, train_batch_size=BATCH,
-      eval_batch_size=BATCH, predict_batch_size=BATCH,
-      config=tpu_fc.RunConfig(model_dir=str(model_dir), keep_checkpoint_max=2,
-                              save_checkpoints_steps=1))
+      eval_batch_size=BATCH, config=tpu_fc.RunConfig(model_dir=model_dir))
   estimator.train(_input_fn, max_steps=2)
-  kernel, bias = (estimator.get_variable_value('dense/' + name)
-                  for name in ('kernel', 'bias'))
-  hook = _PruneLatestHook(model_dir)
-  if read == 'evaluate':
-    assert estimator.evaluate(_input_fn, steps=1, hooks=[hook])[
-        'global_step'] == 2
-  elif read == 'predict':
-    x = np.arange(BATCH * 2, dtype=np.float32).reshape(BATCH, 2)
-    prediction = next(estimator.predict(_input_fn, hooks=[hook]))['y']
-    np.testing.assert_allclose(prediction, x[0] @ kernel + bias, rtol=1e-6)
-  else:
-    def receiver_fn():
-      _prune_latest_once(model_dir, hook.pruned)
-      x = tf.compat.v1.placeholder(tf.float32, [None, 2])
-      return tpu_fc.export.TensorServingInputReceiver(x, {'x': x})
-    export_dir = estimator.export_saved_model(str(tmp_path / 'export'),
-                                              receiver_fn)
-    assert os.listdir(tmp_path / 'export') == [os.path.basename(
-        export_dir.decode())]
-  assert hook.pruned == [str(model_dir / 'model.ckpt-2')]
-  assert any('Checkpoint {} was deleted before it was read'.format(
-      hook.pruned[0]) in message for message in tf_log)
+  hook = _HeldCopies()
+  assert estimator.evaluate(_input_fn, steps=1, hooks=[hook])[
+      'global_step'] == 2
+  held = [path for path, files in hook.held.items() if files == [
+      'model.ckpt-2.data-00000-of-00001', 'model.ckpt-2.index']]
+  assert len(held) == 1 and not os.path.exists(held[0])
 
 
 class _TrainAgainHook(tf.compat.v1.train.SessionRunHook):

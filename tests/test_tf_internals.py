@@ -53,6 +53,7 @@ OVERRIDDEN = [
     (tf.compat.v1.train.StepCounterHook, '_set_steps_per_run'),
     (internals.TPUEmbeddingColumnV2, '_get_dense_tensor'),
     (internals.TPUSharedEmbeddingColumnV2, '_get_dense_tensor_internal'),
+    (tf.compat.v1.saved_model.Builder, '_add_train_op'),
 ]
 
 
@@ -105,6 +106,22 @@ def test_graph_and_op_helpers_on_real_objects():
     with internals.with_variable_store(internals.new_variable_store()):
       tf.compat.v1.get_variable('table', [2, 2])  # a fresh store: no clash
     assert internals.default_variable_store() is not None
+
+
+def test_a_loop_body_placeholder_names_what_it_captures():
+  graph = tf.Graph()
+  with graph.as_default():
+    variable = tf.Variable(1.0)
+    captured = []
+
+    def body(i):
+      handle = tf.compat.v1.get_default_graph().capture(variable.handle)
+      captured.append(internals.captured_by(handle))
+      return i + 1
+
+    tf.while_loop(lambda i: i < 2, body, [0])
+    assert captured == [variable.handle]
+    assert internals.captured_by(variable.handle) is None
 
 
 def test_shared_columns_forget_their_table():

@@ -4,6 +4,7 @@ import pytest
 
 import tpu_fc
 from tpu_fc._tf import tf
+from tpu_fc.estimator.tpu import tpu_context
 
 pytestmark = pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
 
@@ -115,16 +116,21 @@ def test_host_call_sees_tensors_of_all_shards(tmp_path):
 
 
 def test_params_context_describes_the_emulated_system(tmp_path):
+  """As TF 2.15's TPUContext (`tpu_context.py`): the device assignment is
+  None without model parallelism, and model_fn's only."""
   seen = {}
 
   def sharded_input_fn(params):
     context = params['context']
     seen['input'] = (context.current_input_fn_deployment()[1:],
                      context.num_hosts, context.current_host)
+    with pytest.raises(RuntimeError, match='must not be called from input_fn'):
+      context.device_assignment  # pylint: disable=pointless-statement
     return input_fn(params)
 
   def model_fn(features, labels, mode, params):
-    seen['model'] = params['context'].num_replicas
+    seen['model'] = (params['context'].num_replicas,
+                     params['context'].device_assignment)
     with pytest.raises(RuntimeError, match='must not be called from model_fn'):
       params['context'].current_host  # pylint: disable=pointless-statement
     return make_model_fn([], tf.compat.v1.losses.Reduction.MEAN)(
@@ -135,7 +141,11 @@ def test_params_context_describes_the_emulated_system(tmp_path):
       config=tpu_fc.RunConfig(model_dir=str(tmp_path),
                               tpu_config=tpu_fc.TPUConfig(num_shards=4)))
   estimator.train(sharded_input_fn, max_steps=1)
-  assert seen == {'input': ((0, 1, 4), 1, 0), 'model': 4}
+  assert seen == {'input': ((0, 1, 4), 1, 0), 'model': (4, None)}
+  # Model parallelism, whose device assignment TF gave, is not emulated.
+  with pytest.raises(NotImplementedError, match='num_cores_per_replica=2'):
+    tpu_context.TPUContext(  # pylint: disable=expression-not-assigned
+        4, call_from_input_fn=False, num_cores_per_replica=2).device_assignment
 
 
 # Each TPU core runs the whole model_fn with its own copy of the variables.

@@ -10,6 +10,7 @@ import pytest
 
 import tpu_fc
 from tpu_fc._tf import TF_VERSION
+from tpu_fc.estimator.tpu import replication
 from tpu_fc._tf import tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,17 +25,32 @@ def input_fn(params):
       params['batch_size'], drop_remainder=True)
 
 
+def _mean_logit(labels, logits):
+  del labels
+  return {'mean_logit': tf.compat.v1.metrics.mean(logits)}
+
+
+def _keras_auc(labels, logits):
+  """A Keras metric object, as TF's EstimatorSpec takes it."""
+  auc = tf.keras.metrics.AUC()
+  auc.update_state(labels, tf.sigmoid(logits))
+  return {'auc': auc}
+
+
 def model_fn(features, labels, mode, params):
   """Features as one Tensor (not a dict), as in TF's MNIST/ResNet TPU models."""
+  params.get('record', lambda params: None)(params)
   logits = tf.compat.v1.layers.dense(
       features, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.3))
+  if mode == tpu_fc.ModeKeys.PREDICT:
+    return params['spec'](mode, predictions={'logit': logits})
   loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
   if mode == tpu_fc.ModeKeys.EVAL:
-    return params['spec'](mode, loss=loss, eval_metrics=(
-        lambda labels, logits: {'mean_logit': tf.compat.v1.metrics.mean(logits)},
-        [labels, logits]))
+    return params['spec'](mode, loss=loss, predictions={'logit': logits},
+                          eval_metrics=(params.get('metric_fn', _mean_logit),
+                                        [labels, logits]))
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-  if params['use_tpu']:
+  if params['use_tpu'] and not params.get('plain_optimizer'):
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
   hooks = {
       None: [],
@@ -42,23 +58,66 @@ def model_fn(features, labels, mode, params):
                                                        every_n_iter=1)],
       'nan': [tf.compat.v1.train.NanTensorHook(loss)],
   }[params['hook_on_loss']]
+  global_step = tf.compat.v1.train.get_global_step()
+  host_call = None
+  if 'summary_dir' in params:  # the loss, as users wrote it (TF2 summaries)
+
+    def host_call_fn(global_step, loss):
+      with tf.compat.v2.summary.create_file_writer(
+          params['summary_dir']).as_default():
+        with tf.compat.v2.summary.record_if(True):
+          tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
+          return tf.compat.v1.summary.all_v2_summary_ops()
+
+    host_call = (host_call_fn, [tf.reshape(global_step, [1]),
+                                tf.reshape(loss, [1])])
   return params['spec'](
-      mode, loss=loss, training_hooks=hooks,
-      train_op=optimizer.minimize(loss, tf.compat.v1.train.get_global_step()))
+      mode, loss=loss, training_hooks=hooks, host_call=host_call,
+      train_op=optimizer.minimize(loss, global_step))
 
 
-def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc):
-  """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
-  estimator = driver.TPUEstimator(
+def estimator_of(model_dir, use_tpu, driver=tpu_fc, **params):
+  """`driver`'s TPUEstimator (tpu_fc's or TF's) of `model_fn`."""
+  return driver.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
-      eval_batch_size=BATCH,
-      params={'hook_on_loss': hook_on_loss, 'spec': driver.TPUEstimatorSpec},
+      eval_batch_size=BATCH, predict_batch_size=BATCH,
+      params=dict({'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec},
+                  **params),
       config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
           iterations_per_loop=2, num_shards=2 if use_tpu else None)))
+
+
+def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
+           metric_fn=_mean_logit, eval_steps=N // BATCH):
+  """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
+  estimator = estimator_of(model_dir, use_tpu, driver,
+                           hook_on_loss=hook_on_loss, metric_fn=metric_fn)
   estimator.train(input_fn, max_steps=2)
   metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
-      lambda params: input_fn(params).take(N // BATCH), steps=N // BATCH)
+      lambda params: input_fn(params).take(eval_steps), steps=eval_steps)
   return metrics, estimator.get_variable_value('dense/kernel')
+
+
+def test_a_keras_metric_from_metric_fn_counts_on_the_cpu_and_is_refused_on_a_tpu(
+    tmp_path):
+  """As TF 2.15: with use_tpu=False its EstimatorSpec takes a Keras metric
+  object; its TPU evaluation fails on one (it takes each metric's [0] and
+  [1]): the same TypeError, saying what a metric_fn returns, in an
+  evaluation loop and in a one-step evaluation alike."""
+  metrics, _ = _train(tmp_path / 'cpu', use_tpu=False, metric_fn=_keras_auc)
+  assert 0 < metrics['auc'] <= 1
+  if TF_VERSION == (2, 15):
+    legacy, _ = _train(tmp_path / 'legacy', use_tpu=False, metric_fn=_keras_auc,
+                       driver=tf.compat.v1.estimator.tpu)
+    assert legacy['auc'] == metrics['auc']
+  for eval_steps in (N // BATCH, 1):
+    with pytest.raises(TypeError, match=re.escape(
+        "'AUC' object is not subscriptable: metric_fn returned it for metric "
+        "'auc'. On a TPU (use_tpu=True, eval_on_tpu=True), a metric_fn returns "
+        'a dict of name -> (value, update_op) pairs, e.g. from '
+        'tf.compat.v1.metrics.*')):
+      _train(tmp_path / 'tpu_{}'.format(eval_steps), use_tpu=True,
+             metric_fn=_keras_auc, eval_steps=eval_steps)
 
 
 def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
@@ -74,6 +133,38 @@ def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
         tmp_path / 'legacy', use_tpu=False, driver=tf.compat.v1.estimator.tpu)
     np.testing.assert_allclose(legacy_kernel, cpu_kernel, rtol=1e-6)
     np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
+
+
+def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
+    tmp_path, tf_log, monkeypatch):
+  """No CrossShardOptimizer: as on a TPU, the dense variables get core 0's
+  update only, i.e. learn from the first half of every batch; a warning says
+  so once per process, naming CrossShardOptimizer."""
+  monkeypatch.setattr(replication, '_warned_core_0_trains_alone', [])
+
+  estimator_of(tmp_path / 'cross_shard', use_tpu=True).train(input_fn,
+                                                            max_steps=1)
+  assert not [m for m in tf_log if 'no cross-replica sum' in m]
+  plain = estimator_of(tmp_path / 'plain', use_tpu=True, plain_optimizer=True)
+  plain.train(input_fn, max_steps=2)
+  plain.train(input_fn, max_steps=4)
+  assert [m for m in tf_log if 'no cross-replica sum' in m] == [
+      "TPUConfig.num_shards=2, and the train_op updates trainable variables "
+      "(dense/bias, dense/kernel) with no cross-replica sum: as on a TPU, only "
+      "core 0's update is applied, so they learn from 1/2 of every batch (core "
+      "0's slice). Wrap the optimizer in tf.compat.v1.tpu.CrossShardOptimizer "
+      "to train them on the whole batch."]
+  # Each train() read the first 2 batches; core 0 had their first halves.
+  core_0 = np.concatenate([X[:BATCH // 2], X[BATCH:BATCH + BATCH // 2]] * 2)
+  core_0_labels = np.concatenate([Y[:BATCH // 2],
+                                  Y[BATCH:BATCH + BATCH // 2]] * 2)
+  on_core_0_slices = estimator_of(tmp_path / 'core_0', use_tpu=False)
+  on_core_0_slices.train(lambda params: tf.data.Dataset.from_tensor_slices(
+      (core_0, core_0_labels)).batch(BATCH // 2), max_steps=4)
+  for name in ('dense/kernel', 'dense/bias'):
+    np.testing.assert_allclose(plain.get_variable_value(name),
+                               on_core_0_slices.get_variable_value(name),
+                               rtol=1e-6, err_msg=name)
 
 
 HOOK_EXPLANATION = ('training_hooks cannot fetch its tensors .*Pass them to '
@@ -120,6 +211,46 @@ def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
   assert re.search('^InaccessibleTensorError .*has been marked as not '
                    'fetchable.*' + HOOK_EXPLANATION,
                    finished.stdout, re.S), finished.stdout
+
+
+def _summary_steps(directory):
+  """The steps of the summaries written to `directory`, in order."""
+  return sorted(event.step
+                for path in tf.io.gfile.glob(os.path.join(directory, 'events*'))
+                for event in tf.compat.v1.train.summary_iterator(path)
+                for _ in event.summary.value)
+
+
+@pytest.mark.parametrize('run', ['loop', 'one_step', 'cpu', 'tf_cpu'])
+def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
+  """TPUConfig(experimental_host_call_every_n_steps=3), iterations_per_loop=4,
+  10 steps: on a TPU, at steps 0 and 3 of each loop (loops of 4, 4 and 2
+  steps: steps 0, 3, 4, 7, 8), in a loop or one step per run; with
+  use_tpu=False every step, as TF 2.15's own TPUEstimator(use_tpu=False)."""
+  if run == 'tf_cpu' and TF_VERSION != (2, 15):
+    pytest.skip("TF's own TPUEstimator is in the legacy lane only")
+  driver = tf.compat.v1.estimator.tpu if run == 'tf_cpu' else tpu_fc
+  use_tpu = run in ('loop', 'one_step')
+  summary_dir = str(tmp_path / 'host_call')
+  estimator = driver.TPUEstimator(
+      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      params={'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec,
+              'summary_dir': summary_dir},
+      config=driver.RunConfig(
+          model_dir=str(tmp_path / 'model'), tpu_config=driver.TPUConfig(
+              iterations_per_loop=4, num_shards=2 if use_tpu else None,
+              experimental_host_call_every_n_steps=3)))
+  if run == 'one_step':  # the same batch every step: one step per run
+    estimator.train(lambda params: (tf.constant(X[:BATCH]),
+                                    tf.constant(Y[:BATCH])), max_steps=10)
+  else:
+    estimator.train(input_fn, max_steps=10)
+  steps = _summary_steps(summary_dir)
+  # (host_call reads the global step in the run that increments it, as in
+  # TF: step k logs k or k + 1)
+  on_tpu_steps = [0, 3, 4, 7, 8] if use_tpu else list(range(10))
+  assert len(steps) == len(on_tpu_steps), steps
+  assert all(step in (k, k + 1) for k, step in zip(on_tpu_steps, steps)), steps
 
 
 HASH_BUCKETS = 7
@@ -222,12 +353,13 @@ def _assert_same_model(got, want):
 @pytest.fixture(scope='module')
 def user_model_runs(tmp_path_factory):
   """The script under TF1 behaviour (disable_v2_behavior), emulated TPU with 2
-  shards looping 3 steps per run or 1, with 1 shard, on the CPU, and with a
-  dynamic batch; and with TF2 behaviour, 2 shards looping."""
+  shards looping 3 steps per run or 1 (also with host_call every 2 steps),
+  with 1 shard, on the CPU, and with a dynamic batch; and with TF2 behaviour,
+  2 shards looping."""
   tmp_path = tmp_path_factory.mktemp('user_model')
   runs = _run_user_model(tmp_path, 'v1', [
       'loop:tpu:2:3', 'step:tpu:2:1', 'one_shard:tpu:0:3', 'cpu:cpu:0:3',
-      'dynamic:tpu:2:3:dynamic_batch'])
+      'dynamic:tpu:2:3:dynamic_batch', 'every_2:tpu:2:3:host_call_every_2'])
   runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
                                     v1=False)['loop']
   if TF_VERSION == (2, 15):
@@ -256,6 +388,18 @@ def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name)
   assert [tag for tag, _ in run['summaries']] == ['loss'] * 6
   assert all(step in (k, k + 1)
              for k, (_, step) in enumerate(run['summaries'])), run['summaries']
+
+
+def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
+  """experimental_host_call_every_n_steps=2 in loops of 3 steps: steps 0 and
+  2 of each loop (0, 2, 3, 5), under TF1 control flow (a v1 cond in a v1
+  while_loop); the model trains as with host_call every step."""
+  run = user_model_runs['every_2']
+  assert [tag for tag, _ in run['summaries']] == ['loss'] * 4
+  assert all(step in (k, k + 1) for k, (_, step) in zip(
+      [0, 2, 3, 5], run['summaries'])), run['summaries']
+  _assert_same_model(dict(run, summaries=user_model_runs['loop']['summaries']),
+                     user_model_runs['loop'])
 
 
 def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):

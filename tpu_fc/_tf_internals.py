@@ -101,6 +101,9 @@ def saver_listeners(saver_hook):
 get_export_outputs = export_utils.get_export_outputs
 export_outputs_for_mode = export_utils.export_outputs_for_mode
 build_all_signature_defs = export_utils.build_all_signature_defs
+# The SavedModel tags of each mode's meta graph.
+EXPORT_TAG_MAP = export_utils.EXPORT_TAG_MAP
+SINGLE_LABEL_DEFAULT_NAME = export_utils.SINGLE_LABEL_DEFAULT_NAME
 get_timestamped_export_dir = export_utils.get_timestamped_export_dir
 get_temp_export_dir = export_utils.get_temp_export_dir
 SINGLE_FEATURE_DEFAULT_NAME = export_utils.SINGLE_FEATURE_DEFAULT_NAME
@@ -109,6 +112,13 @@ ExportOutput = export_output.ExportOutput
 ClassificationOutput = export_output.ClassificationOutput
 RegressionOutput = export_output.RegressionOutput
 PredictOutput = export_output.PredictOutput
+EvalOutput = export_output.EvalOutput
+
+
+def add_train_op(builder, train_op):
+  """Stores a TRAIN or EVAL meta graph's `train_op` (None: nothing) in the
+  collection a SavedModel's train_op goes in, as Estimator's export does."""
+  builder._add_train_op(train_op)
 # `<saved_model>/variables/variables`: what warm starting from a SavedModel
 # reads.
 saved_model_variables_path = path_helpers.get_variables_path
@@ -160,6 +170,15 @@ def set_shared_name(handle, shared_name):
 
 def is_stateful(op):
   return op._is_stateful
+
+
+def captured_by(tensor):
+  """The outer graph's tensor that a function graph's (a v2 loop body's)
+  placeholder `tensor` captures, or None."""
+  for external, internal in getattr(tensor.graph, 'captures', ()):
+    if internal is tensor:
+      return external
+  return None
 
 
 def creation_order(op):

@@ -11,11 +11,13 @@ from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 
 ClassificationOutput = internals.ClassificationOutput
+EvalOutput = internals.EvalOutput
 ExportOutput = internals.ExportOutput
 PredictOutput = internals.PredictOutput
 RegressionOutput = internals.RegressionOutput
 
 _SINGLE_FEATURE = internals.SINGLE_FEATURE_DEFAULT_NAME
+_SINGLE_LABEL = internals.SINGLE_LABEL_DEFAULT_NAME
 _SINGLE_RECEIVER = internals.SINGLE_RECEIVER_DEFAULT_NAME
 
 
@@ -94,6 +96,22 @@ class TensorServingInputReceiver(collections.namedtuple(
         receiver_tensors_alternatives=receiver.receiver_tensors_alternatives)
 
 
+class SupervisedInputReceiver(collections.namedtuple(
+    'SupervisedInputReceiver', ['features', 'labels', 'receiver_tensors'])):
+  """What a TRAIN or EVAL input_receiver_fn returns (for
+  `experimental_export_all_saved_models`): features and labels for the
+  model, inputs to feed."""
+
+  def __new__(cls, features, labels, receiver_tensors):
+    # (features and labels are checked, and kept as given: a tensor or dict)
+    wrap_and_check_input_tensors(features, 'feature', allow_int_keys=True)
+    wrap_and_check_input_tensors(labels, 'label', allow_int_keys=True)
+    return super().__new__(
+        cls, features=features, labels=labels,
+        receiver_tensors=wrap_and_check_input_tensors(receiver_tensors,
+                                                      'receiver_tensor'))
+
+
 def build_parsing_serving_input_receiver_fn(feature_spec,
                                             default_batch_size=None):
   """A receiver_fn parsing serialized `tf.Example`s with `feature_spec`."""
@@ -131,3 +149,35 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
     return TensorServingInputReceiver(receiver, receiver)
 
   return serving_input_receiver_fn
+
+
+def build_raw_supervised_input_receiver_fn(features, labels,
+                                           default_batch_size=None):
+  """A TRAIN or EVAL receiver_fn feeding raw features and labels shaped like
+  `features` and `labels` (each a dict or a tensor), which the model_fn gets
+  as they are (tf.estimator.experimental's)."""
+  feature_keys = (list(features) if isinstance(features, dict) else
+                  [_SINGLE_RECEIVER])
+  label_keys = list(labels) if isinstance(labels, dict) else [_SINGLE_LABEL]
+  overlap_keys = set(feature_keys) & set(label_keys)
+  if overlap_keys:
+    raise ValueError('Features and labels must have distinct keys. '
+                     'Found overlapping keys: {}'.format(overlap_keys))
+
+  def receivers(values, single_name):
+    """(what the model gets, the receivers by name) of `values`."""
+    if isinstance(values, dict):
+      placeholders = {name: _placeholder_like(value, default_batch_size)
+                      for name, value in values.items()}
+      return placeholders, placeholders
+    placeholder = _placeholder_like(values, default_batch_size)
+    return placeholder, {single_name: placeholder}
+
+  def supervised_input_receiver_fn():
+    model_features, feature_receivers = receivers(features, _SINGLE_RECEIVER)
+    model_labels, label_receivers = receivers(labels, _SINGLE_LABEL)
+    return SupervisedInputReceiver(
+        model_features, model_labels,
+        {**feature_receivers, **label_receivers})
+
+  return supervised_input_receiver_fn

@@ -9,10 +9,14 @@ Estimator namespaces are replaced by namespaces that hold tpu_fc's names and def
 every other name to the namespace they replace (on TF 2.15 that is
 tensorflow_estimator, imported only if the script asks for such a name).
 Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
-`RunConfig`, `WarmStartSettings`, the session-run hooks) are tpu_fc's only where that
-namespace lacks them; `train_and_evaluate` and the early-stopping hooks
-(`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's for tpu_fc's estimators and
-the replaced namespace's for any other.  `uninstall()` restores everything.
+`RunConfig`, `WarmStartSettings`, `VocabInfo`, the session-run hooks,
+`experimental.InMemoryEvaluatorHook`, `experimental.make_stop_at_checkpoint_step_hook`,
+`experimental.build_raw_supervised_input_receiver_fn`, `tf.compat.v1.estimator.inputs`'s
+`numpy_input_fn` and `pandas_input_fn`) are tpu_fc's only where that namespace lacks
+them (TF 2.15's own work with tpu_fc's estimators); `train_and_evaluate`, `add_metrics`
+and the early-stopping hooks (`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's
+for tpu_fc's estimators and the replaced namespace's for any other.  `uninstall()`
+restores everything.
 """
 import contextlib
 import functools
@@ -33,7 +37,8 @@ _LEGACY_EMBEDDING_MODULE = 'tensorflow.python.tpu.tpu_embedding'
 _EXPORT_NAMES = ('ServingInputReceiver', 'TensorServingInputReceiver',
                  'build_parsing_serving_input_receiver_fn',
                  'build_raw_serving_input_receiver_fn', 'PredictOutput',
-                 'ClassificationOutput', 'RegressionOutput', 'ExportOutput')
+                 'ClassificationOutput', 'RegressionOutput', 'EvalOutput',
+                 'ExportOutput')
 # What tensorflow_estimator re-exported from TF core under `tf.estimator`.
 _SESSION_RUN_HOOK_NAMES = (
     'SessionRunHook', 'SessionRunArgs', 'SessionRunContext', 'SessionRunValues',
@@ -46,8 +51,10 @@ _SESSION_RUN_HOOK_NAMES = (
 _bindings = []
 # (name, the module it replaced or None) of what install() put into sys.modules.
 _inserted_modules = []
-# The namespaces under an API module's `estimator` that scripts import by path.
-_ESTIMATOR_SUBMODULES = ('tpu', 'tpu.experimental', 'experimental', 'export')
+# The namespaces under an API module's `estimator` that scripts import by path
+# (`inputs`: TF 1's API only).
+_ESTIMATOR_SUBMODULES = ('tpu', 'tpu.experimental', 'experimental', 'export',
+                         'inputs')
 
 
 class _Namespace(types.ModuleType):
@@ -100,10 +107,14 @@ def _existing(owner, name):
   return owner.__dict__.get(name) if hasattr(owner, '__dict__') else None
 
 
-def _estimator_namespace(name, original):
-  """A `tf.estimator`-like namespace with tpu_fc's TPU and mode names."""
+def _estimator_namespace(name, original, v1):
+  """A `tf.estimator`-like namespace with tpu_fc's TPU and mode names (`v1`:
+  of TF 1's API, with `inputs`)."""
   from tpu_fc import estimator  # pylint: disable=g-import-not-at-top  (the driver imports tpu_fc)
   from tpu_fc.estimator import early_stopping  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import extenders  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
   original_getter = _module_getter(original) if original is not None else None
   tpu_getter = (_attribute_getter(original_getter, 'tpu')
                 if original_getter else None)
@@ -126,16 +137,29 @@ def _estimator_namespace(name, original):
                       if original_getter else None)
   experimental_getter = (_attribute_getter(original_getter, 'experimental')
                          if original_getter else None)
-  return _Namespace(name, dict(
+  names = dict(
       tpu=tpu, export=export, ModeKeys=estimator.ModeKeys,
       EstimatorSpec=estimator.EstimatorSpec,
       experimental=_Namespace(name + '.experimental', {
           hook.__name__: _for_tpu_fc_estimators(hook, experimental_getter)
           for hook in early_stopping.TF_EXPERIMENTAL_FUNCTIONS},
-                                 experimental_getter),
+                              experimental_getter, dict(
+          InMemoryEvaluatorHook=hooks.InMemoryEvaluatorHook,
+          make_stop_at_checkpoint_step_hook=(
+              hooks.make_stop_at_checkpoint_step_hook),
+          build_raw_supervised_input_receiver_fn=(
+              export_lib.build_raw_supervised_input_receiver_fn))),
       train_and_evaluate=_for_tpu_fc_estimators(
-          estimator.train_and_evaluate, original_getter)),
-                    original_getter, _estimator_defaults())
+          estimator.train_and_evaluate, original_getter),
+      add_metrics=_for_tpu_fc_estimators(extenders.add_metrics,
+                                         original_getter))
+  if v1:
+    names['inputs'] = _Namespace(
+        name + '.inputs', {},
+        _attribute_getter(original_getter, 'inputs') if original_getter
+        else None, dict(numpy_input_fn=inputs.numpy_input_fn,
+                        pandas_input_fn=inputs.pandas_input_fn))
+  return _Namespace(name, names, original_getter, _estimator_defaults())
 
 
 def _estimator_defaults():
@@ -149,7 +173,8 @@ def _estimator_defaults():
       Exporter=estimator.Exporter, LatestExporter=estimator.LatestExporter,
       FinalExporter=estimator.FinalExporter,
       BestExporter=estimator.BestExporter, RunConfig=estimator.RunConfig,
-      WarmStartSettings=estimator_lib.WarmStartSettings)
+      WarmStartSettings=estimator_lib.WarmStartSettings,
+      VocabInfo=tf.compat.v1.train.VocabInfo)
   return defaults
 
 
@@ -218,9 +243,11 @@ def install():
         columns.shared_embedding_columns)
   for cls in optimizers.ALL_OPTIMIZERS:
     _bind(experimental, cls.__name__, cls)
+  v1_apis = {id(tf.compat.v1), id(tf.compat.v2.compat.v1)}
   for api in _api_modules():
     _bind(api, 'estimator', _estimator_namespace(
-        api.__name__ + '.estimator', _existing(api, 'estimator')))
+        api.__name__ + '.estimator', _existing(api, 'estimator'),
+        v1=id(api) in v1_apis))
   from tpu_fc import mid_level  # pylint: disable=g-import-not-at-top  (needs the engine)
   classes = mid_level.installable_classes()
   for module in _mid_level_modules():
@@ -230,9 +257,10 @@ def install():
                     ('tensorflow.compat.v2', tf.compat.v2)):
     _insert_module(path + '.estimator', api.estimator)
     for submodule in _ESTIMATOR_SUBMODULES:
-      _insert_module('{}.estimator.{}'.format(path, submodule),
-                     functools.reduce(getattr, submodule.split('.'),
-                                      api.estimator))
+      if submodule.split('.')[0] in api.estimator.__dict__:
+        _insert_module('{}.estimator.{}'.format(path, submodule),
+                       functools.reduce(getattr, submodule.split('.'),
+                                        api.estimator))
   try:
     importlib.import_module(_LEGACY_EMBEDDING_MODULE)
   except ImportError:

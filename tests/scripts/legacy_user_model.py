@@ -5,7 +5,8 @@ run` runs it unchanged on tpu_fc (tests/test_user_scripts.py, in a process of
 its own: TF1 behaviour is global).
 
   legacy_user_model.py RESULT_JSON MODEL_DIR [--v1]
-      [--run NAME:cpu|tpu:NUM_SHARDS:ITERATIONS_PER_LOOP[:dynamic_batch] ...]
+      [--run NAME:cpu|tpu:NUM_SHARDS:ITERATIONS_PER_LOOP[:dynamic_batch]
+             [:host_call_every_N] ...]
 
 Each run trains, evaluates, predicts and exports the model in MODEL_DIR/NAME and
 records what came out in RESULT_JSON (or the ValueError it raised).  The style:
@@ -163,7 +164,8 @@ class RunCounter(tf.compat.v1.train.SessionRunHook):
     self.runs += 1
 
 
-def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch):
+def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch,
+        host_call_every_n_steps):
   """Trains, evaluates, predicts and exports; returns what came out."""
   profile_dir = os.path.join(model_dir, 'profile')
   estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
@@ -175,7 +177,8 @@ def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch):
       config=tf.compat.v1.estimator.tpu.RunConfig(
           model_dir=model_dir, tf_random_seed=11,
           tpu_config=tf.compat.v1.estimator.tpu.TPUConfig(
-              iterations_per_loop=iterations, num_shards=num_shards)),
+              iterations_per_loop=iterations, num_shards=num_shards,
+              experimental_host_call_every_n_steps=host_call_every_n_steps)),
       embedding_config_spec=(
           tf.compat.v1.estimator.tpu.experimental.EmbeddingConfigSpec(
               feature_columns=[user_column, history_column, category_column],
@@ -243,11 +246,14 @@ def main():
     tf.compat.v1.disable_v2_behavior()
   results = {}
   for spec in args.run:
-    name, use_tpu, num_shards, iterations, *dynamic_batch = spec.split(':')
+    name, use_tpu, num_shards, iterations, *options = spec.split(':')
+    every_n = [int(option[len('host_call_every_'):]) for option in options
+               if option.startswith('host_call_every_')]
     try:
       results[name] = run(os.path.join(args.model_dir, name),
                           use_tpu == 'tpu', int(num_shards) or None,
-                          int(iterations), bool(dynamic_batch))
+                          int(iterations), 'dynamic_batch' in options,
+                          every_n[0] if every_n else 1)
     except ValueError as error:
       results[name] = {'error': str(error)}
   with open(args.result, 'w') as f:

@@ -12,12 +12,21 @@ vocabulary size or dimension) and a checkpoint that cannot be read.
 With `CheckpointInputPipelineHook`, each checkpoint also holds the training input's
 position (its iterator state), written by the same save as the weights, so a restart
 resumes both from one consistent point.
+
+A reader (evaluate, predict, export) reads the checkpoint it chose from a `held` copy
+of its files, which a trainer's `keep_checkpoint_max` cannot delete; what it reports
+names the original.
 """
 import collections
 import contextlib
+import errno
 import fcntl
+import logging
 import os
+import shutil
 import socket
+import tempfile
+import threading
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
@@ -50,6 +59,17 @@ def latest_checkpoint(directory):
           'explicitly (checkpoint_path=, warm start).'.format(
               os.path.join(directory, 'checkpoint'), full, directory))
   return tf.train.latest_checkpoint(directory)
+
+
+def latest_global_step(directory):
+  """The global step of `directory`'s latest checkpoint; 0 without one."""
+  checkpoint = latest_checkpoint(directory)
+  if not checkpoint:
+    return 0
+  reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)
+  if not reader.has_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP):
+    return 0
+  return reader.get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP)
 
 
 TRAINING_LOCK = '.tpu_fc_training.lock'
@@ -86,10 +106,93 @@ def training_lock(model_dir):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def exists(prefix):
-  """Whether checkpoint `prefix` has its index and data files."""
-  return bool(tf.io.gfile.exists(prefix + '.index') and
-              tf.io.gfile.glob(prefix + '.data-*'))
+# The temporary directories of held checkpoints.
+HELD_DIRECTORY_PREFIX = '.tpu_fc_reading-'
+# {held copy's prefix: the checkpoint's own prefix}, while held.
+_held_originals = {}
+_held_lock = threading.Lock()
+
+
+def original_path(path):
+  """The checkpoint whose held copy `path` is; else `path` itself."""
+  return _held_originals.get(path, path)
+
+
+class _OriginalPathsInLogs(logging.Filter):
+  """Names a held copy in TF's log records (a Saver's `Restoring parameters
+  from ...`) by its original checkpoint."""
+
+  def filter(self, record):
+    if isinstance(record.args, tuple):
+      record.args = tuple(original_path(arg) if isinstance(arg, str) else arg
+                          for arg in record.args)
+    return True
+
+
+_ORIGINAL_PATHS_IN_LOGS = _OriginalPathsInLogs()
+
+
+def _link_or_copy(source, destination):
+  """A hard link, or a copy where links fail (across filesystems, gs://); a
+  source deleted meanwhile raises FileNotFoundError or NotFoundError."""
+  if '://' not in source:
+    try:
+      os.link(source, destination)
+      return
+    except OSError as error:
+      if error.errno == errno.ENOENT:
+        raise
+  tf.io.gfile.copy(source, destination)
+
+
+def _held_directory(prefix):
+  """A new temporary directory beside checkpoint `prefix` (where hard links
+  work), or in the system's temp dir where that cannot be written (gs://, a
+  read-only directory)."""
+  directory = os.path.dirname(prefix)
+  if '://' not in directory:
+    try:
+      return tempfile.mkdtemp(prefix=HELD_DIRECTORY_PREFIX, dir=directory)
+    except OSError:
+      pass
+  return tempfile.mkdtemp(prefix=HELD_DIRECTORY_PREFIX)
+
+
+@contextlib.contextmanager
+def held(prefix):
+  """Checkpoint `prefix`, held while it is read.
+
+  Yields the prefix of a copy of its index and data files, hard-linked
+  (copied where links fail) into a temporary directory, which the block reads
+  however a trainer prunes the checkpoint (`keep_checkpoint_max`); the
+  directory is removed after the block.  Yields None if the checkpoint was
+  (or was being) deleted before all its files were held.
+  """
+  directory = _held_directory(prefix)
+  copy = os.path.join(directory, os.path.basename(prefix))
+  try:
+    files = tf.io.gfile.glob(prefix + '.data-*')
+    try:
+      for path in [prefix + '.index'] + files:
+        _link_or_copy(path, copy + path[len(prefix):])
+    except (FileNotFoundError, tf.errors.NotFoundError):
+      files = []
+    if not files:
+      yield None
+      return
+    with _held_lock:
+      if not _held_originals:
+        tf.get_logger().addFilter(_ORIGINAL_PATHS_IN_LOGS)
+      _held_originals[copy] = prefix
+    try:
+      yield copy
+    finally:
+      with _held_lock:
+        del _held_originals[copy]
+        if not _held_originals:
+          tf.get_logger().removeFilter(_ORIGINAL_PATHS_IN_LOGS)
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _is_optimizer_state(name, names):
@@ -142,7 +245,8 @@ def _check_shapes(checkpoint_path, shapes, var_list):
         'Checkpoint {} does not fit this model: {} changed shape. A changed '
         'vocabulary size or embedding dimension cannot restore the old table; '
         'restore it into the model that wrote it, or start from a new '
-        'model_dir.'.format(checkpoint_path, ', '.join(sorted(changed))))
+        'model_dir.'.format(original_path(checkpoint_path),
+                            ', '.join(sorted(changed))))
 
 
 def _is_unreadable(error):
@@ -165,7 +269,7 @@ def _unreadable(checkpoint_path, error):
   return tf.errors.DataLossError(None, None, (
       'Checkpoint {} cannot be read ({}): it is truncated or corrupt. Remove its '
       'files (and its line in the `checkpoint` file) to resume from the previous '
-      'checkpoint.'.format(checkpoint_path, _reason(error))))
+      'checkpoint.'.format(original_path(checkpoint_path), _reason(error))))
 
 
 def checkpoint_shapes(checkpoint_path):
@@ -212,7 +316,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
           'Checkpoint {} lacks variables this model needs: {}. The model '
           'changed since the checkpoint was written (a renamed column or layer, '
           'a new table?); restore it into the model that wrote it, or start '
-          'from a new model_dir.'.format(checkpoint_path, ', '.join(not_state)))
+          'from a new model_dir.'.format(original_path(checkpoint_path),
+                                         ', '.join(not_state)))
     present = {n: v for n, v in var_list.items() if n in available}
     self._partial = (
         checkpoint_path,
@@ -234,7 +339,7 @@ class TolerantSaver(tf.compat.v1.train.Saver):
       tf.compat.v1.logging.warning(
           'Checkpoint %s has no %s (optimizer state of another training mode or '
           'optimizer, or variables of hooks it was trained without); they start '
-          'from their initial values.', save_path,
+          'from their initial values.', original_path(save_path),
           ', '.join(missing))
       sess.run(initialize)
       return saver.restore(sess, save_path)

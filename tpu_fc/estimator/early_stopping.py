@@ -15,7 +15,7 @@ import operator
 import os
 
 from tpu_fc._tf import tf
-from tpu_fc.estimator.estimator import Estimator
+from tpu_fc.estimator.estimator import check_estimator
 
 _EVENT_FILE_GLOB_PATTERN = 'events.out.tfevents.*'
 
@@ -34,7 +34,7 @@ def make_early_stopping_hook(estimator, should_stop_fn, run_every_secs=60,
     TypeError: `estimator` is not tpu_fc's `TPUEstimator`.
     ValueError: both `run_every_secs` and `run_every_steps` are set.
   """
-  _check_estimator(estimator)
+  check_estimator(estimator)
   if run_every_secs is not None and run_every_steps is not None:
     raise ValueError('Only one of `run_every_secs` and `run_every_steps` must '
                      'be set.')
@@ -43,15 +43,8 @@ def make_early_stopping_hook(estimator, should_stop_fn, run_every_secs=60,
   return _CheckForStoppingHook()
 
 
-def _check_estimator(estimator):
-  if not isinstance(estimator, Estimator):
-    raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
-                    '(here: tpu_fc.TPUEstimator). Got: {}'.format(
-                        type(estimator)))
-
-
 def _eval_dir(estimator, eval_dir):
-  _check_estimator(estimator)
+  check_estimator(estimator)
   return estimator.eval_dir() if eval_dir is None else eval_dir
 
 

@@ -21,17 +21,19 @@ from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import distributed
+from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import input_fn as input_fn_lib
 from tpu_fc.estimator import model_fn as model_fn_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator import saved_model
 from tpu_fc.estimator import sessions
 from tpu_fc.estimator.hooks import CheckpointInputPipelineHook
+from tpu_fc.estimator.hooks import EvaluationStepsHook
 from tpu_fc.estimator.model_fn import ModeKeys
 
-# Times a reader chooses the latest checkpoint again when a trainer pruned the
-# one it chose before reading it.
-_PRUNED_CHECKPOINT_RETRIES = 3
+# Times a reader chooses the latest checkpoint again when a trainer deleted the
+# one it chose before it could hold it (`checkpoints.held`).
+_HOLD_ATTEMPTS = 10
 _VALID_MODEL_FN_ARGS = frozenset(
     ['features', 'labels', 'mode', 'params', 'self', 'config'])
 
@@ -94,14 +96,6 @@ def _verify_model_fn_args(model_fn, params):
                      (model_fn, non_valid_args))
 
 
-def _check_hooks_type(hooks):
-  hooks = list(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError('Hooks must be a SessionRunHook, given: {}'.format(hook))
-  return hooks
-
-
 def _check_listeners_type(saving_listeners):
   listeners = list(saving_listeners or [])
   for listener in listeners:
@@ -110,6 +104,15 @@ def _check_listeners_type(saving_listeners):
           'saving_listeners must be a list of CheckpointSaverListener, '
           'given: {}'.format(listener))
   return listeners
+
+
+def check_estimator(estimator):
+  """TF's TypeError unless `estimator` is tpu_fc's (functions that take one:
+  `train_and_evaluate`, the early-stopping hooks, `add_metrics`)."""
+  if not isinstance(estimator, Estimator):
+    raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
+                    '(here: tpu_fc.TPUEstimator). Got: {}'.format(
+                        type(estimator)))
 
 
 def add_item_to_params(params, key, value):
@@ -153,16 +156,6 @@ def _check_writable(directory, kind='model_dir', output='checkpoint'):
   except (tf.errors.OpError, OSError) as e:
     raise PermissionError('{} {} is not writable, so no {} could be saved: '
                           '{}'.format(kind, directory, output, e)) from e
-
-
-def _global_step_in(model_dir):
-  checkpoint = checkpoints.latest_checkpoint(model_dir)
-  if not checkpoint:
-    return 0
-  reader = tf.compat.v1.train.NewCheckpointReader(checkpoint)
-  if not reader.has_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP):
-    return 0
-  return reader.get_tensor(tf.compat.v1.GraphKeys.GLOBAL_STEP)
 
 
 class Estimator(object):
@@ -217,6 +210,16 @@ class Estimator(object):
   def params(self):
     return copy.deepcopy(self._params)
 
+  @property
+  def model_fn(self):
+    """The model_fn bound to `params`: `(features, labels, mode, config) ->
+    EstimatorSpec`, as an export calls it (tf.estimator's `model_fn`)."""
+
+    def public_model_fn(features, labels, mode, config):
+      return self._model_fn_as_exported(features, labels, mode, config)
+
+    return public_model_fn
+
   def eval_dir(self, name=None):
     """Where `evaluate(name=...)` writes its summaries."""
     return os.path.join(self._model_dir, 'eval' if not name else 'eval_' + name)
@@ -238,21 +241,42 @@ class Estimator(object):
                          serving_input_receiver_fn,
                          assets_extra=None,
                          as_text=False,
-                         checkpoint_path=None):
-    """Exports the PREDICT graph with a checkpoint's values (the latest, or
-    `checkpoint_path`) as a SavedModel for serving.
+                         checkpoint_path=None,
+                         experimental_mode=ModeKeys.PREDICT):
+    """Exports the `experimental_mode` graph (PREDICT: for serving) with a
+    checkpoint's values (the latest, or `checkpoint_path`) as a SavedModel.
+
+    Returns the timestamped export directory under `export_dir_base` (bytes).
+    """
+    if not serving_input_receiver_fn:
+      raise ValueError('An input_receiver_fn must be defined.')
+    return self.experimental_export_all_saved_models(
+        export_dir_base, {experimental_mode: serving_input_receiver_fn},
+        assets_extra, as_text, checkpoint_path)
+
+  def experimental_export_all_saved_models(self,
+                                           export_dir_base,
+                                           input_receiver_fn_map,
+                                           assets_extra=None,
+                                           as_text=False,
+                                           checkpoint_path=None):
+    """One SavedModel with a meta graph per mode of `input_receiver_fn_map`
+    ({ModeKeys: input_receiver_fn}; TRAIN, EVAL, PREDICT, each tagged as TF
+    tags it) and one set of variables, a checkpoint's (the latest, or
+    `checkpoint_path`), as tf.estimator's.
 
     Returns the timestamped export directory under `export_dir_base` (bytes).
     """
     if not checkpoint_path:
       self._checkpoint_to_export()  # TF's order: no checkpoint is told first
-    self._check_export()
+    self._check_export(input_receiver_fn_map)
     return self._reading_checkpoint(
         checkpoint_path, self._checkpoint_to_export,
-        lambda checkpoint: saved_model.export_saved_model(
-            self._build_serving_model, export_dir_base,
-            serving_input_receiver_fn, checkpoint, assets_extra, as_text,
-            self._config.tf_random_seed))
+        lambda checkpoint: saved_model.export_all_saved_models(
+            lambda features, labels, mode: self._model_fn_as_exported(
+                features, labels, mode, self.config),
+            export_dir_base, input_receiver_fn_map, checkpoint, assets_extra,
+            as_text, self._config.tf_random_seed))
 
   def export_savedmodel(self,
                         export_dir_base,
@@ -266,14 +290,15 @@ class Estimator(object):
     return self.export_saved_model(export_dir_base, serving_input_receiver_fn,
                                    assets_extra, as_text, checkpoint_path)
 
-  def _check_export(self):
-    """Raises (or warns) before an export the settings forbid; none here."""
+  def _check_export(self, input_receiver_fn_map):
+    """Raises (or warns) before an export of these modes that the settings
+    forbid; none here."""
 
-  def _build_serving_model(self, features):
-    """The PREDICT `EstimatorSpec` of a serving graph on `features`."""
+  def _model_fn_as_exported(self, features, labels, mode, config):
+    """The `EstimatorSpec` of the model_fn in `mode` as an export (and
+    `model_fn`) calls it: with the estimator's params."""
     return model_fn_lib.to_estimator_spec(self._call_model_fn(
-        features, None, ModeKeys.PREDICT, self.config,
-        copy.deepcopy(self._params)))
+        features, labels, mode, config, copy.deepcopy(self._params)))
 
   # Checkpoints to read -------------------------------------------------------
 
@@ -284,26 +309,34 @@ class Estimator(object):
           'initialization to {}.'.format(self._model_dir, mode))
 
   def _reading_checkpoint(self, checkpoint_path, choose, read):
-    """`read(checkpoint_path)`, or, without one, `read(choose())`, chosen again
-    when the chosen checkpoint was deleted before it was read (pruned by a
-    trainer's keep_checkpoint_max), a few times; then the error stands."""
+    """`read(checkpoint)` of `checkpoint_path`, or, without one, of `choose()`
+    (None: no checkpoint), from a copy held while it is read
+    (`checkpoints.held`), so that a trainer's `keep_checkpoint_max` cannot
+    delete it meanwhile; what `read` reports names the original
+    (`checkpoints.original_path`).  A chosen checkpoint deleted before it
+    could be held is chosen anew, up to `_HOLD_ATTEMPTS` times."""
     if checkpoint_path:
-      if not checkpoints.exists(checkpoint_path):  # TF's Saver.restore's error
-        raise ValueError('The passed save_path is not a valid checkpoint: '
-                         '{}'.format(checkpoint_path))
-      return read(checkpoint_path)
-    for attempt in range(_PRUNED_CHECKPOINT_RETRIES):
+      with checkpoints.held(checkpoint_path) as copy:
+        if copy is None:  # TF's Saver.restore's error
+          raise ValueError('The passed save_path is not a valid checkpoint: '
+                           '{}'.format(checkpoint_path))
+        return read(copy)
+    for _ in range(_HOLD_ATTEMPTS):
       chosen = choose()
-      try:
+      if not chosen:
         return read(chosen)
-      except (tf.errors.OpError, ValueError):
-        if (not chosen or checkpoints.exists(chosen) or
-            attempt + 1 == _PRUNED_CHECKPOINT_RETRIES):
-          raise
-        tf.compat.v1.logging.warning(
-            'Checkpoint %s was deleted before it was read (pruned by a '
-            "training run's keep_checkpoint_max?); reading the latest one.",
-            chosen)
+      with checkpoints.held(chosen) as copy:
+        if copy is not None:
+          return read(copy)
+      tf.compat.v1.logging.warning(
+          'Checkpoint %s was deleted before it could be read (pruned by a '
+          "training run's keep_checkpoint_max?); reading the latest one.",
+          chosen)
+    raise ValueError(
+        'Checkpoint {} was deleted before it could be read, as were the {} '
+        'chosen before it: a training run prunes checkpoints faster than they '
+        'can be held. Pass checkpoint_path= of one it keeps.'.format(
+            chosen, _HOLD_ATTEMPTS - 1))
 
   def _checkpoint_to_export(self):
     """The latest checkpoint, else the warm-start one (as Estimator exports)."""
@@ -356,11 +389,12 @@ class Estimator(object):
     if max_steps is not None and max_steps <= 0:
       raise ValueError(
           'Must specify max_steps > 0, given: {}'.format(max_steps))
-    if max_steps is not None and max_steps <= _global_step_in(self._model_dir):
+    if (max_steps is not None and
+        max_steps <= checkpoints.latest_global_step(self._model_dir)):
       tf.compat.v1.logging.info(
           'Skipping training since max_steps has already saved.')
       return self
-    hooks = _check_hooks_type(hooks)
+    hooks = hooks_lib.check_hooks_type(hooks)
     position_hooks = [h for h in hooks
                       if isinstance(h, CheckpointInputPipelineHook)]
     hooks = [h for h in hooks if h not in position_hooks]
@@ -414,13 +448,9 @@ class Estimator(object):
     Returns the metrics dict with `loss` and `global_step`; summaries go to
     `eval_dir(name)`.
     """
-    hooks = _check_hooks_type(hooks)
+    hooks = hooks_lib.check_hooks_type(hooks)
     self._start_cluster_server()
-    self._check_evaluation_steps(steps)
-    if steps is not None:
-      if steps <= 0:
-        raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-      hooks.append(internals.StopAfterNEvalsHook(num_evals=steps))
+    hooks.extend(self._convert_eval_steps_to_hooks(steps))
     _check_writable(self.eval_dir(name), 'eval_dir', 'evaluation summary')
 
     def evaluate_checkpoint(checkpoint):
@@ -437,6 +467,39 @@ class Estimator(object):
   def _check_evaluation_steps(self, steps):
     """Raises for `evaluate` steps the mode cannot run; any here."""
 
+  # tf.estimator's evaluation steps, which TF's InMemoryEvaluatorHook calls
+  # (`hooks.InMemoryEvaluatorHook` is tpu_fc's).
+
+  def _convert_eval_steps_to_hooks(self, steps):
+    """The hooks that end an evaluation after `steps` (None: at input's end)."""
+    self._check_evaluation_steps(steps)
+    if steps is None:
+      return []
+    if steps <= 0:
+      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
+    return [EvaluationStepsHook(steps)]
+
+  def _evaluate_build_graph(self, input_fn, hooks, checkpoint_path):
+    """Builds the EVAL graph in the default graph; returns (scaffold, update
+    op, metric values, all hooks: the input's, `hooks`, the spec's).  Its
+    steps are those of the `EvaluationStepsHook` in `hooks`."""
+    steps = [hook.steps for hook in hooks
+             if isinstance(hook, EvaluationStepsHook)]
+    built, input_hooks, _ = self._build_graph(
+        input_fn, ModeKeys.EVAL, checkpoint_path,
+        eval_steps=steps[0] if steps else None)
+    scaffold, update_op, eval_dict, model_hooks = sessions.evaluation_graph(
+        built)
+    return (scaffold, update_op, eval_dict,
+            input_hooks + list(hooks) + model_hooks)
+
+  def _evaluate_run(self, checkpoint_path, scaffold, update_op, eval_dict,
+                    all_hooks, output_dir):
+    """Runs what `_evaluate_build_graph` built; returns the metric values."""
+    return sessions.run_evaluation(checkpoint_path, scaffold, update_op,
+                                   eval_dict, all_hooks, self._config,
+                                   output_dir)
+
   def predict(self,
               input_fn,
               predict_keys=None,
@@ -444,7 +507,7 @@ class Estimator(object):
               checkpoint_path=None,
               yield_single_examples=True):
     """Yields predictions (dicts, or the tensor's values) until input ends."""
-    hooks = _check_hooks_type(hooks)
+    hooks = hooks_lib.check_hooks_type(hooks)
     self._start_cluster_server()
 
     def start_predicting(checkpoint):

@@ -1,10 +1,13 @@
-"""`TPUEstimator.export_saved_model`: a SavedModel whose embedding lookups run on the host.
+"""`Estimator.export_saved_model` and `experimental_export_all_saved_models`.
 
-The PREDICT graph is built with every embedding column looking up on the CPU,
-whatever its training lookup device (tables restored from the checkpoint under
-their legacy names), and written with `tf.compat.v1.saved_model.Builder` into a
-timestamped directory, as Estimator does: serving signatures from the spec's
-`export_outputs` (default `serving_default`: the predictions).
+Each mode's graph is built by the estimator's exported model_fn (`TPUEstimator`'s
+looks up every embedding on the CPU, whatever its training lookup device, tables
+restored under their legacy names), restored from the checkpoint and written with
+`tf.compat.v1.saved_model.Builder` into a timestamped directory, as Estimator does:
+one meta graph per mode, tagged as TF tags it, one set of variables (the first
+mode's, in the order TRAIN, EVAL, PREDICT), signatures from the spec's
+`export_outputs` (PREDICT; default `serving_default`: the predictions) or its loss,
+predictions and metrics (TRAIN, EVAL).
 """
 import os
 
@@ -13,28 +16,39 @@ from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator.model_fn import ModeKeys
 
+# The order in which modes are exported: the first saves the variables.
+_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
-def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn,
-                       checkpoint_path, assets_extra=None, as_text=False,
-                       random_seed=None):
+
+def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
+                            checkpoint_path, assets_extra=None, as_text=False,
+                            random_seed=None):
   """Writes the SavedModel; returns its directory (bytes, as Estimator does).
 
   Args:
-    build_predict: `features -> EstimatorSpec` of the PREDICT graph (CPU lookup).
+    build_model: `(features, labels, mode) -> EstimatorSpec` of a mode's graph.
     export_dir_base: the parent of the timestamped export directory.
-    serving_input_receiver_fn: `() -> ServingInputReceiver` (tpu_fc's or
-      tensorflow_estimator's).
+    input_receiver_fn_map: {mode: `() -> receiver`}: a `ServingInputReceiver`
+      (PREDICT) or `SupervisedInputReceiver` (TRAIN, EVAL), tpu_fc's or
+      tensorflow_estimator's.
     checkpoint_path: the checkpoint whose values are exported.
     assets_extra: {destination relative path: source path} copied to
       `assets.extra`.
     as_text: write the SavedModel proto as text.
     random_seed: the graph seed (RunConfig.tf_random_seed).
   """
+  modes = [mode for mode in _MODES if input_receiver_fn_map.get(mode)]
+  if not modes:
+    raise ValueError('No valid modes for exporting found. Got {}.'.format(
+        input_receiver_fn_map.keys()))
   export_dir = internals.get_timestamped_export_dir(export_dir_base)
   temp_dir = internals.get_temp_export_dir(export_dir)
   try:
-    _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
-                       checkpoint_path, as_text, random_seed)
+    builder = tf.compat.v1.saved_model.Builder(temp_dir)
+    for mode in modes:
+      _add_meta_graph(builder, build_model, input_receiver_fn_map[mode], mode,
+                      checkpoint_path, mode == modes[0], random_seed)
+    builder.save(as_text)
     _copy_assets_extra(temp_dir, assets_extra)
   except BaseException:
     # A retry in the same second would find it and fail: "already exists".
@@ -45,22 +59,24 @@ def export_saved_model(build_predict, export_dir_base, serving_input_receiver_fn
   return export_dir
 
 
-def _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
-                       checkpoint_path, as_text, random_seed):
-  """Builds the PREDICT graph, restores `checkpoint_path` and writes it to
-  `temp_dir`."""
+def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
+                    checkpoint_path, save_variables, random_seed):
+  """Builds `mode`'s graph, restores `checkpoint_path` and adds the graph
+  (with the variables if `save_variables`) to `builder`."""
   with tf.Graph().as_default():
     tf.compat.v1.random.set_random_seed(random_seed)
     tf.compat.v1.train.get_or_create_global_step()
-    receiver = serving_input_receiver_fn()
-    spec = build_predict(receiver.features)
+    receiver = input_receiver_fn()
+    spec = build_model(receiver.features, getattr(receiver, 'labels', None),
+                       mode)
     export_outputs = internals.export_outputs_for_mode(
-        ModeKeys.PREDICT, serving_export_outputs=spec.export_outputs,
-        predictions=spec.predictions)
+        mode, serving_export_outputs=spec.export_outputs,
+        predictions=spec.predictions, loss=spec.loss,
+        metrics=spec.eval_metric_ops)
     signatures = internals.build_all_signature_defs(
         receiver.receiver_tensors, export_outputs,
         getattr(receiver, 'receiver_tensors_alternatives', None),
-        serving_only=True)
+        serving_only=mode == ModeKeys.PREDICT)
     saver = spec.scaffold.saver
     if saver is None:
       checkpoints.check_restorable(
@@ -78,14 +94,18 @@ def _write_saved_model(temp_dir, build_predict, serving_input_receiver_fn,
             'make sure your model_fn does not expect variables that were not '
             'saved in the checkpoint.\n\nEncountered error with mode `{}` '
             'while restoring checkpoint from: `{}`. Full Traceback:\n\n{}'
-            .format(ModeKeys.PREDICT, checkpoint_path, e)) from e
-      builder = tf.compat.v1.saved_model.Builder(temp_dir)
-      builder.add_meta_graph_and_variables(
-          session, [tf.saved_model.SERVING], signature_def_map=signatures,
+            .format(mode, checkpoints.original_path(checkpoint_path), e)
+        ) from e
+      internals.add_train_op(builder, spec.train_op)
+      meta_graph = dict(
+          tags=internals.EXPORT_TAG_MAP[mode], signature_def_map=signatures,
           assets_collection=tf.compat.v1.get_collection(
               tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
           main_op=local_init, saver=saver, strip_default_attrs=True)
-      builder.save(as_text)
+      if save_variables:
+        builder.add_meta_graph_and_variables(session, **meta_graph)
+      else:
+        builder.add_meta_graph(**meta_graph)
 
 
 def _copy_assets_extra(export_dir, assets_extra):

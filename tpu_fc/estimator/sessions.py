@@ -138,21 +138,22 @@ def _hooks_fetching_loop_tensors_explained(loop):
         'hook only when use_tpu=False.'.format(error, *loop)) from error
 
 
-def evaluate(built, hooks, checkpoint_path, config, output_dir):
-  """Evaluates once; returns metric values plus `loss` and `global_step`.
+def evaluation_graph(built):
+  """What evaluating the EVAL `BuiltGraph` runs, as TF's
+  `Estimator._evaluate_build_graph` returns it: (scaffold, update op, metric
+  values with `loss` and `global_step`, the spec's evaluation hooks).
 
-  Runs the metric update ops until a hook stops or input ends, then writes the
-  results as summaries to `output_dir`.  The loss is the mean of the spec's
-  loss, or an evaluation loop's own (`built.eval_loss`).
+  The loss is the mean of the spec's loss, or an evaluation loop's own
+  (`built.eval_loss`).
   """
   spec = built.spec
   eval_metric_ops = dict(spec.eval_metric_ops)
-  loop_loss = built.eval_loss
   if _LOSS in eval_metric_ops:
     raise ValueError(
         'Metric with name "%s" is not allowed, because Estimator ' % _LOSS +
         'already defines a default metric with the same name.')
-  eval_metric_ops[_LOSS] = loop_loss or tf.compat.v1.metrics.mean(spec.loss)
+  eval_metric_ops[_LOSS] = (built.eval_loss or
+                            tf.compat.v1.metrics.mean(spec.loss))
   update_ops = []
   eval_dict = {}
   for name, (value, update_op) in sorted(eval_metric_ops.items()):
@@ -172,21 +173,42 @@ def evaluate(built, hooks, checkpoint_path, config, output_dir):
     scaffold = type(scaffold)(
         local_init_op=tf.group(scaffold.local_init_op, default_local_init_op),
         copy_from_scaffold=scaffold)
+  return (scaffold, tf.group(*update_ops), eval_dict,
+          list(spec.evaluation_hooks))
 
-  with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
-      loop_loss is not None and _EVALUATION_LOOP):
+
+def evaluate(built, hooks, checkpoint_path, config, output_dir):
+  """Evaluates once; returns metric values plus `loss` and `global_step`.
+
+  Runs the metric update ops until a hook stops or input ends, then writes the
+  results as summaries to `output_dir`.
+  """
+  scaffold, update_op, eval_dict, model_hooks = evaluation_graph(built)
+  with _hooks_fetching_loop_tensors_explained(
+      built.eval_loss is not None and _EVALUATION_LOOP):
+    return run_evaluation(checkpoint_path, scaffold, update_op, eval_dict,
+                          list(hooks) + model_hooks, config, output_dir)
+
+
+def run_evaluation(checkpoint_path, scaffold, update_op, eval_dict, hooks,
+                   config, output_dir):
+  """Runs an `evaluation_graph` (TF's `Estimator._evaluate_run`): restores
+  `checkpoint_path` (None: the scaffold initializes), runs `update_op` until a
+  hook stops or input ends, writes the results to `output_dir`."""
+  with input_errors.explained():
     results = internals.evaluate_once(
         checkpoint_path=checkpoint_path,
         master=config.evaluation_master,
         scaffold=scaffold,
-        eval_ops=tf.group(*update_ops),
+        eval_ops=update_op,
         final_ops=eval_dict,
-        hooks=list(hooks) + list(spec.evaluation_hooks),
+        hooks=hooks,
         config=config.session_config)
   step = results[_GLOBAL_STEP]
   _write_dict_to_summary(output_dir, results, step)
   if checkpoint_path:
-    _write_checkpoint_path_to_summary(output_dir, checkpoint_path, step)
+    _write_checkpoint_path_to_summary(
+        output_dir, checkpoints.original_path(checkpoint_path), step)
   return results
 
 

@@ -28,7 +28,7 @@ from tpu_fc._tf import tf
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import exporters as exporter_lib
 from tpu_fc.estimator import run_config
-from tpu_fc.estimator.estimator import Estimator
+from tpu_fc.estimator.estimator import check_estimator
 
 _MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
@@ -312,10 +312,7 @@ class _TrainingExecutor(object):
   """Runs this task's part of `train_and_evaluate`, chosen by `config.task_type`."""
 
   def __init__(self, estimator, train_spec, eval_spec):
-    if not isinstance(estimator, Estimator):
-      raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
-                      '(here: tpu_fc.TPUEstimator). Got: {}'.format(
-                          type(estimator)))
+    check_estimator(estimator)
     self._estimator = estimator
     self._train_spec = _as_spec(
         train_spec, TrainSpec,

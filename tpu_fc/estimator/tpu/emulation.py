@@ -121,14 +121,17 @@ def _merged_spec(raw_specs, mode, loop_body):
   if host_call is None:
     return tpu_specs[0].as_estimator_spec()
   tensors = _concat_shards([getattr(spec, field)[1] for spec in tpu_specs])
-  metric_fn = _refusing_v1_summaries(host_call[0])
-  if mode == model_fn.ModeKeys.EVAL and loop_body is not None:
-    metric_fn = loop_body.metrics.recorded_host_call(metric_fn, tensors)
-  tpu_spec = tpu_specs[0]._replace(**{field: (metric_fn, tensors)})
+  host_call = (_refusing_v1_summaries(host_call[0]), tensors)
+  if mode == model_fn.ModeKeys.EVAL:
+    host_call = (_refusing_non_pairs(host_call[0]), tensors)
   if loop_body is None:
-    return tpu_spec.as_estimator_spec()
+    return tpu_specs[0]._replace(**{field: host_call}).as_estimator_spec()
+  if mode == model_fn.ModeKeys.EVAL:
+    host_call = (loop_body.metrics.recorded_host_call(*host_call), tensors)
+  else:
+    host_call = loop_body.host_call_on_its_steps(host_call)
   with loop_body.in_outer_name_scope():  # host_call's summary tags, as on a TPU
-    return tpu_spec.as_estimator_spec()
+    return tpu_specs[0]._replace(**{field: host_call}).as_estimator_spec()
 
 
 def _verified_estimator_spec(raw_spec, mode):
@@ -175,6 +178,33 @@ def _refusing_v1_summaries(host_fn):
       raise ValueError('Please use tf.contrib.summary instead of tf.summary '
                        'inside of host_calls.')
     return result
+
+  return refusing
+
+
+def _refusing_non_pairs(metric_fn):
+  """`metric_fn`, raising TF's TypeError, explained, for a metric that is not
+  a `(value, update_op)` pair (a Keras metric object).
+
+  TF 2.15's TPU evaluation takes `v[0]` and `v[1]` of each metric
+  (`tpu_estimator.py`, lines 3426-3428), so a Keras metric fails there
+  (`'AUC' object is not subscriptable`); on the CPU, `EstimatorSpec` takes it.
+  """
+  @functools.wraps(metric_fn)
+  def refusing(*args, **kwargs):
+    metrics = metric_fn(*args, **kwargs)
+    for name, metric in getattr(metrics, 'items', lambda: ())():
+      if not (isinstance(metric, (tuple, list)) and len(metric) == 2):
+        raise TypeError(
+            "'{kind}' object is not subscriptable: metric_fn returned it for "
+            "metric {name!r}. On a TPU (use_tpu=True, eval_on_tpu=True), a "
+            'metric_fn returns a dict of name -> (value, update_op) pairs, '
+            'e.g. from tf.compat.v1.metrics.*; TF 2.15\'s TPUEstimator fails '
+            'the same way on a Keras metric object. Use such a pair (e.g. '
+            'tf.compat.v1.metrics.auc), or evaluate on the CPU (use_tpu=False '
+            'or eval_on_tpu=False), which takes Keras metrics.'.format(
+                kind=type(metric).__name__, name=name))
+    return metrics
 
   return refusing
 
@@ -261,9 +291,10 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
     with build_context.building(mode):
       return call_model_fn(shard_features, slice_of(labels, shard))
 
-  raw_specs = replication.replicate(build_shard, num_shards, [
-      creator for backend in backends
-      for creator in backend.shared_table_creators()])
+  raw_specs = replication.replicate(
+      build_shard, num_shards, [creator for backend in backends
+                                for creator in backend.shared_table_creators()],
+      sliced_training=training and not broadcast)
   graph = tf.compat.v1.get_default_graph()
   _localize_dummies(graph)
   # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),

@@ -23,11 +23,13 @@ class LoopBody:
   loop's metric_fn is replayed outside it (`_EvaluationLoopMetrics`).
   """
 
-  def __init__(self, outer_scope):
+  def __init__(self, outer_scope, host_call_every_n_steps=1):
     self.scaffold_fns = []
     self.metrics = _EvaluationLoopMetrics()
+    self.step = None  # the loop counter of the body being built
     self._outer_scope = outer_scope
     self._body_scope = ''
+    self._host_call_every_n_steps = host_call_every_n_steps
 
   @contextlib.contextmanager
   def creating_variables_outside(self):
@@ -59,6 +61,35 @@ class LoopBody:
     """The Scaffold of the body's scaffold_fn, or None."""
     return self.scaffold_fns[0]() if self.scaffold_fns else None
 
+  def host_call_on_its_steps(self, host_call):
+    """A training step's `(host_fn, tensors)`, its host_fn run on the steps a
+    TPU runs it (in the outer name scope: its summary tags).
+
+    TF 2.15's TPU training loop (`tpu_estimator.py`, `_OutfeedHostCall.
+    create_enqueue_op`, lines 2179-2210, given the loop's counter by
+    `convert_to_single_tpu_train_step`, lines 1763-1844) runs it where the
+    counter, from 0 in every loop, is a multiple of
+    `TPUConfig.experimental_host_call_every_n_steps`; with 1 (the default),
+    every step.
+    """
+    host_fn, tensors = host_call
+    every_n_steps = self._host_call_every_n_steps
+    if every_n_steps == 1:
+      return host_call
+
+    def on_its_steps(*args, **kwargs):
+      def run():
+        with self.in_outer_name_scope():  # (a cond has a name scope of its own)
+          outputs = [output for output in
+                     tf.nest.flatten(host_fn(*args, **kwargs))
+                     if output is not None]
+        with tf.control_dependencies(outputs):
+          return tf.constant(True)
+      return tf.cond(tf.equal(self.step % every_n_steps, 0), run,
+                     lambda: tf.constant(False))
+
+    return on_its_steps, tensors
+
 
 _LOOP_LOCAL_COLLECTIONS = (
     tf.compat.v1.GraphKeys.SUMMARIES,
@@ -71,8 +102,10 @@ _LOOP_LOCAL_COLLECTIONS = (
 def _run_host_calls_in_loop(hooks):
   """`hooks`, with host_call tensors moved into the loop body.
 
-  As on a TPU, host_call runs every step; its hook keeps only opening and
-  flushing the summary writers.  Returns (hooks, host_call tensors).
+  As on a TPU, host_call runs in the loop (training: on the steps
+  `LoopBody.host_call_on_its_steps` says; evaluation: every step); its hook
+  keeps only opening and flushing the summary writers.  Returns (hooks,
+  host_call tensors).
   """
   kept, tensors = [], []
   for hook in hooks:
@@ -83,7 +116,7 @@ def _run_host_calls_in_loop(hooks):
   return tuple(kept), tensors
 
 
-def training_loop(build_step, next_batch, iterations):
+def training_loop(build_step, next_batch, iterations, host_call_every_n_steps=1):
   """`iterations` emulated TPU training steps per session.run, in a tf.while_loop.
 
   As TPUEstimator does on a TPU: hooks run at loop boundaries; the loss is the
@@ -96,6 +129,7 @@ def training_loop(build_step, next_batch, iterations):
       step, built as the body of the loop `loop_body` (a `LoopBody`).
     next_batch: `() -> (features, labels)`, the next element of the input.
     iterations: steps per loop (TPUConfig.iterations_per_loop).
+    host_call_every_n_steps: TPUConfig.experimental_host_call_every_n_steps.
 
   Returns:
     The loop's `BuiltGraph`: the step's checkpoint names and before-save ops,
@@ -114,6 +148,7 @@ def training_loop(build_step, next_batch, iterations):
 
   def body(step, loss):
     del loss
+    loop_body.step = step
     with loop_body.creating_variables_outside():
       built = build_step(*next_batch(), loop_body)
     hooks, host_calls = _run_host_calls_in_loop(built.spec.training_hooks)
@@ -127,7 +162,7 @@ def training_loop(build_step, next_batch, iterations):
   global_step = tf.compat.v1.train.get_global_step(graph)
   step_reads = [internals.fetched_read(global_step),
                 internals.get_or_create_global_step_read(graph)]
-  loop_body = LoopBody(graph.get_name_scope())
+  loop_body = LoopBody(graph.get_name_scope(), host_call_every_n_steps)
   with tf.control_dependencies(step_reads):
     _, loss = tf.compat.v1.while_loop(
         condition, body, [tf.constant(0), tf.constant(0.)],

@@ -25,6 +25,11 @@ a TPU, `replicate()` builds the model_fn once per shard in one graph:
   (SGD, Adagrad): the TPU's dense sum updates such a table to the same values
   by reading and writing all of it every step.
 
+A train_op that updates trainable variables without any `cross_replica_sum` (a plain
+optimizer, no `CrossShardOptimizer`) applies core 0's update only, as on a TPU, where
+the other cores' dense updates are pruned: those variables learn from core 0's slice of
+every batch.  TF never said so; tpu_fc warns, once per process.
+
 Limitation: a model_fn that reads `cross_replica_sum` results in its forward pass
 (cross-replica batch norm) sees global values on shard 0 only.
 """
@@ -102,6 +107,11 @@ class _CrossShardSums:
   def __init__(self, num_shards):
     self._operands = {shard: [] for shard in range(num_shards)}
     self.shard = None
+
+  @property
+  def summed(self):
+    """Whether any shard built a `cross_replica_sum`."""
+    return any(self._operands.values())
 
   def __call__(self, x, group_assignment=None, name=None):
     del group_assignment, name  # one group: all shards
@@ -273,7 +283,8 @@ def one_replica():
     yield
 
 
-def replicate(build_shard, num_shards, shared_table_creators=()):
+def replicate(build_shard, num_shards, shared_table_creators=(),
+              sliced_training=False):
   """Calls `build_shard(shard)` for every shard; returns the results in shard order.
 
   `build_shard` builds one shard's model (typically calls the model_fn on that
@@ -281,6 +292,9 @@ def replicate(build_shard, num_shards, shared_table_creators=()):
   so TF's TPU feature columns and `CrossShardOptimizer` behave as on a TPU.
   `shared_table_creators`: those of the shared columns the model_fn looks up
   in its graph (tensor-core ones), whose cached tables each shard asks for.
+  `sliced_training`: the shards train, each on its slice of the batch: a
+  train_op updating trainable variables without a `cross_replica_sum` is
+  warned of (see module).
   """
   graph = tf.compat.v1.get_default_graph()
   variables = _SharedVariables()
@@ -298,7 +312,73 @@ def replicate(build_shard, num_shards, shared_table_creators=()):
       with _collections_of(graph, shard, first_built=position == 0), \
           _variable_store(variables, position > 0, shared_table_creators):
         results[shard] = build_shard(shard)
+  if sliced_training and num_shards > 1 and not sums.summed:
+    _warn_if_core_0_trains_alone(
+        getattr(results[0], 'train_op', None), num_shards,
+        [v for v in variables.created
+         if v.trainable and not naming.is_dummy(v.op.name)])
   return [results[shard] for shard in range(num_shards)]
+
+
+_warned_core_0_trains_alone = []
+
+
+def _warn_if_core_0_trains_alone(train_op, num_shards, trainable):
+  """Warns, once per process, that `train_op` updates `trainable` variables
+  with core 0's gradients only (no shard summed them)."""
+  if _warned_core_0_trains_alone:
+    return
+  updated = sorted(_variables_written_by(train_op) &
+                   {variable.op.name for variable in trainable})
+  if not updated:
+    return
+  _warned_core_0_trains_alone.append(True)
+  tf.compat.v1.logging.warning(
+      'TPUConfig.num_shards=%d, and the train_op updates trainable variables '
+      '(%s) with no cross-replica sum: as on a TPU, only core 0\'s update is '
+      'applied, so they learn from 1/%d of every batch (core 0\'s slice). '
+      'Wrap the optimizer in tf.compat.v1.tpu.CrossShardOptimizer to train '
+      'them on the whole batch.', num_shards, ', '.join(updated[:3]) + (
+          ', ...' if len(updated) > 3 else ''), num_shards)
+
+
+# Op types that write the variable of their first input (`assign`s, optimizer
+# applies, scatter updates; their resource and ref forms).
+_WRITES = ('Assign', 'Apply', 'Scatter')
+# Ops a variable's handle (or ref) passes through on its way to a write.
+_PASSED_THROUGH = ('Enter', 'RefEnter', 'Identity', 'RefIdentity')
+_VARIABLE_OPS = ('VarHandleOp', 'VariableV2', 'Variable')
+
+
+def _variables_written_by(op):
+  """Names of the variables that `op` or an op it depends on writes."""
+  written, seen, pending = set(), set(), [op] if op is not None else []
+  while pending:
+    op = pending.pop()
+    if op.name in seen:
+      continue
+    seen.add(op.name)
+    if op.inputs and any(word in op.type for word in _WRITES):
+      variable = _variable_of(op.inputs[0])
+      if variable is not None:
+        written.add(variable)
+    pending.extend(op.control_inputs)
+    pending.extend(tensor.op for tensor in op.inputs)
+  return written
+
+
+def _variable_of(tensor):
+  """The name of the variable whose handle (or ref) `tensor` is, or None."""
+  while tensor is not None:
+    if tensor.op.type in _VARIABLE_OPS:
+      return tensor.op.name
+    if tensor.op.type in _PASSED_THROUGH:
+      tensor = tensor.op.inputs[0]
+    elif tensor.op.type == 'Placeholder':  # a loop body's capture
+      tensor = internals.captured_by(tensor)
+    else:
+      return None
+  return None
 
 
 def _batch_size(value):

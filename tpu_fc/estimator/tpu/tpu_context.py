@@ -2,21 +2,39 @@
 
 Input pipelines read it to shard their data (`current_input_fn_deployment()`,
 `current_host`, `num_hosts`) and model_fns to size per-replica work
-(`num_replicas`); the values describe the emulated system.
+(`num_replicas`, `device_assignment`); the values describe the emulated system.
 """
 
 
 class TPUContext:
   """The legacy `TPUContext` of an emulated TPU system with one host."""
 
-  def __init__(self, num_replicas, call_from_input_fn):
+  def __init__(self, num_replicas, call_from_input_fn,
+               num_cores_per_replica=None):
     self._num_replicas = num_replicas
     self._call_from_input_fn = call_from_input_fn
+    self._num_cores_per_replica = num_cores_per_replica
 
   def _require_input_fn(self):
     if not self._call_from_input_fn:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' model_fn.')
+
+  @property
+  def device_assignment(self):
+    """None, as TF 2.15's without model parallelism (`tpu_context.py`, lines
+    193-202 and 418-420): TPUConfig.num_cores_per_replica, which would assign
+    each replica's cores, is not emulated."""
+    if self._call_from_input_fn:
+      raise RuntimeError('This TPUContext instance must not be called from'
+                         ' input_fn.')
+    if self._num_cores_per_replica:
+      raise NotImplementedError(
+          'TPUConfig(num_cores_per_replica={}) asks for model parallelism, '
+          'which tpu_fc does not emulate: there is no device assignment of '
+          'its cores. Leave num_cores_per_replica=None.'.format(
+              self._num_cores_per_replica))
+    return None
 
   def current_input_fn_deployment(self):
     """(host device, invocation index, invocation count, replicas fed)."""

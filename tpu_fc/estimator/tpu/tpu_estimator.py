@@ -31,6 +31,7 @@ from tpu_fc.estimator.tpu import tpu_context
 from tpu_fc.estimator.tpu.tpu_config import check_positive_integer
 from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
 from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
+from tpu_fc.estimator.tpu.tpu_estimator_spec import HostCallHook
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
 
@@ -202,26 +203,40 @@ class TPUEstimator(estimator.Estimator):
 
   # Export --------------------------------------------------------------------
 
-  def _check_export(self):
-    """TF's check; `export_to_tpu` adds a TPU meta graph only on a TPU system:
+  def _check_export(self, input_receiver_fn_map):
+    """TF's checks and warnings (`tpu_estimator.py`, lines 2868-2917);
+    `export_to_tpu` adds a TPU meta graph to PREDICT's only on a TPU system:
     without one it is skipped (logged)."""
     if not (self._export_to_cpu or self._export_to_tpu):
       raise ValueError('One of export_to_cpu and export_to_tpu must be true.')
-    if self._export_to_tpu:
+    if not self._export_to_tpu:
+      return
+    for mode in input_receiver_fn_map:
+      if mode != ModeKeys.PREDICT:
+        tf.compat.v1.logging.warn(
+            'TPUEstimator only handles mode PREDICT for exporting when '
+            '`export_to_tpu` is `True`; Mode {} will be ignored for TPU.'
+            .format(mode))
+    if ModeKeys.PREDICT in input_receiver_fn_map:
       tf.compat.v1.logging.warn(
           'No TPU: export_to_tpu=True writes no TPU meta graph here; the '
           'SavedModel has the CPU (serving) graph only.')
 
-  def _build_serving_model(self, features):
-    """The PREDICT graph with every embedding looked up on the CPU."""
-    params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
+  def _model_fn_as_exported(self, features, labels, mode, config):
+    """As TF's TPUEstimator exports (and its `model_fn` calls) the model_fn:
+    on the CPU, `params['use_tpu']` False, no batch size (`tpu_estimator.py`,
+    `_augment_model_fn`'s export mode, lines 3157-3201, and
+    `_call_model_fn`, 2014-2076).  PREDICT looks up every embedding on the
+    CPU, its ids cut as a TPU enqueues them."""
+    params = self._params_for(mode, use_tpu=False)
     params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
-    features = lookup_backends.model_features(
-        self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
-        features, None)
-    with build_context.building(ModeKeys.PREDICT):
+    if mode == ModeKeys.PREDICT:
+      features = lookup_backends.model_features(
+          self._backends(mode, on_tpu=self._use_tpu, serving=True),
+          features, None)
+    with build_context.building(mode), replication.one_replica():
       return to_estimator_spec(self._call_model_fn(
-          features, None, ModeKeys.PREDICT, self.config, params))
+          features, labels, mode, config, params))
 
   # Training ------------------------------------------------------------------
 
@@ -293,15 +308,23 @@ class TPUEstimator(estimator.Estimator):
     in an in-graph loop when the input gives a new batch each step."""
     iterations = (self._loop_iterations(mode, eval_steps)
                   if inputs.next_batch_per_step else 1)
-    if iterations > 1:
-      loop = (loops.training_loop if mode == ModeKeys.TRAIN else
-              loops.evaluation_loop)
-      built = loop(
-          lambda f, l, loop_body: self._build_model(f, l, mode, sync,
-                                                    loop_body),
-          inputs.next_batch_per_step, iterations)
+    build_step = lambda f, l, loop_body: self._build_model(f, l, mode, sync,
+                                                           loop_body)
+    every_n_steps = (
+        self._config.tpu_config.experimental_host_call_every_n_steps)
+    if iterations > 1 and mode == ModeKeys.TRAIN:
+      built = loops.training_loop(build_step, inputs.next_batch_per_step,
+                                  iterations, every_n_steps)
+    elif iterations > 1:
+      built = loops.evaluation_loop(build_step, inputs.next_batch_per_step,
+                                    iterations)
     else:
       built = self._build_model(*inputs.next_batch(), mode, sync)
+      if mode == ModeKeys.TRAIN and not self._running_on_cpu(mode):
+        built = built._replace(spec=built.spec._replace(training_hooks=[
+            hook.on_steps_of_loops(every_n_steps, self._steps_per_tpu_loop())
+            if isinstance(hook, HostCallHook) else hook
+            for hook in built.spec.training_hooks]))
     # The columns' record of their tables' names was read by the build: it
     # holds Python objects no checkpoint's meta graph can serialize.
     naming.forget_recorded_scopes(tf.compat.v1.get_default_graph())
@@ -397,9 +420,14 @@ class TPUEstimator(estimator.Estimator):
       return 1
     if mode == ModeKeys.EVAL:
       return eval_steps or 1
+    return self._steps_per_tpu_loop() or 1
+
+  def _steps_per_tpu_loop(self):
+    """The steps of a TPU's training loop (TPUConfig.iterations_per_loop), or
+    None for a time-based value: its loops' lengths vary."""
     iterations = parse_iterations_per_loop(
         self._config.tpu_config.iterations_per_loop)
-    return iterations.value if iterations.unit == 'count' else 1
+    return iterations.value if iterations.unit == 'count' else None
 
   def _num_shards(self):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
@@ -453,7 +481,8 @@ class TPUEstimator(estimator.Estimator):
     """`params['context']` in emulated TPU training and evaluation, as on a TPU."""
     if not self._running_on_cpu(mode) and mode != ModeKeys.PREDICT:
       estimator.add_item_to_params(params, _CONTEXT_KEY, tpu_context.TPUContext(
-          self._num_shards(), call_from_input_fn))
+          self._num_shards(), call_from_input_fn,
+          self._config.tpu_config.num_cores_per_replica))
 
   def _call_input_fn(self, input_fn, mode):
     """TPUEstimator's checks, then the Estimator's call of input_fn."""

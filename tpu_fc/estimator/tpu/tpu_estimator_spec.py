@@ -12,19 +12,31 @@ from tpu_fc.estimator import model_fn
 
 
 class HostCallHook(tf.compat.v1.train.SessionRunHook):
-  """Runs a spec's `host_call` outputs every step (use_tpu=False).
+  """Runs a spec's `host_call` outputs: every step (use_tpu=False), or on the
+  steps a TPU's training loop runs them (`on_steps_of_loops`).
 
   Initializes the graph's `tf.summary.create_file_writer` writers once the
   session exists and flushes them at the end, so host_call summaries land in
   their log directories.
   """
 
-  def __init__(self, tensors):
+  def __init__(self, tensors, every_n_steps=1, steps_per_loop=None):
     self.tensors = tensors
+    self._every_n_steps = every_n_steps
+    self._steps_per_loop = steps_per_loop
+    self._runs = 0
     self._init_ops = None
     self._flush_ops = None
 
+  def on_steps_of_loops(self, every_n_steps, steps_per_loop):
+    """This hook for one-step runs of the emulated TPU, which stand for loops
+    of `steps_per_loop` steps (None: one loop): as TF 2.15's TPU training
+    loop runs host_call, on a loop's first step and every `every_n_steps`-th
+    after it (`TPUConfig.experimental_host_call_every_n_steps`)."""
+    return HostCallHook(self.tensors, every_n_steps, steps_per_loop)
+
   def begin(self):
+    self._runs = 0
     self._init_ops = internals.summary_writer_initializer_ops()
     with tf.device('cpu:0'):
       self._flush_ops = [
@@ -38,6 +50,11 @@ class HostCallHook(tf.compat.v1.train.SessionRunHook):
 
   def before_run(self, run_context):
     if self.tensors is None:  # run inside an in-graph training loop instead
+      return None
+    step_in_loop = (self._runs if self._steps_per_loop is None else
+                    self._runs % self._steps_per_loop)
+    self._runs += 1
+    if step_in_loop % self._every_n_steps:
       return None
     return tf.compat.v1.train.SessionRunArgs(self.tensors)
 
