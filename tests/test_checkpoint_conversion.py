@@ -20,7 +20,7 @@ import pytest
 import tpu_fc
 from tpu_fc import __main__ as cli
 from tpu_fc import checkpoint_conversion as conversion
-from tpu_fc import migration
+from tpu_fc import legacy_names
 from tpu_fc import naming
 from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
@@ -649,7 +649,7 @@ def test_spec_names_a_legacy_script_as_run_loads_it(tmp_path, monkeypatch,
       spec = conversion.spec_from_reference(reference)
       assert isinstance(spec, tpu_fc.EmbeddingConfigSpec), reference
       assert type(spec.optimization_parameters) is tpu_fc.AdamParameters
-      assert not migration.is_installed()  # bound for the load only
+      assert not legacy_names.is_installed()  # bound for the load only
     cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec',
               'wrapper.py:make_spec', 'legacy', 'mid'])
     written = os.path.abspath(capsys.readouterr().out.strip())

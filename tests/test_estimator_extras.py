@@ -59,7 +59,7 @@ def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
       assert type(spec).__name__ == 'EstimatorSpec'
       assert set(spec.eval_metric_ops) == {'mean_logit'}
     estimator.train(scripts.input_fn, max_steps=2)
-    with tpu_fc.migration.installed():
+    with tpu_fc.legacy_names.installed():
       extended = tf.estimator.add_metrics(estimator, _auc)
     # (a plain Estimator, whose input_fn gets no batch size, as in TF)
     seen[driver] = records[0], extended.evaluate(
@@ -116,7 +116,7 @@ def test_experimental_export_all_saved_models_writes_a_meta_graph_per_mode(
     estimator = scripts.estimator_of(tmp_path / driver.__name__,
                                      use_tpu=driver is tpu_fc, driver=driver)
     estimator.train(scripts.input_fn, max_steps=2)
-    with tpu_fc.migration.installed():
+    with tpu_fc.legacy_names.installed():
       export_dir = estimator.experimental_export_all_saved_models(
           str(tmp_path / ('export_' + driver.__name__)), _receivers())
     exported[driver] = (_meta_graphs(export_dir.decode()),
@@ -263,7 +263,7 @@ def test_a_warm_start_remaps_a_vocabulary_with_vocab_info(tmp_path, use_tpu):
 
   old = estimator('old', WORDS)
   old.train(input_fn, max_steps=1)
-  with tpu_fc.migration.installed():
+  with tpu_fc.legacy_names.installed():
     settings = tf.estimator.WarmStartSettings(
         old.model_dir, vars_to_warm_start=[table],  # (global variables too)
         var_name_to_vocab_info={table: tf.estimator.VocabInfo(
@@ -398,7 +398,7 @@ def test_a_tutorial_input_fn_of_numpy_arrays_trains_a_tpu_estimator(
   one epoch ends training (use_tpu=False), or, read forever (the static
   batch a TPU needs), an in-graph loop takes a new batch each step; the
   model trains as on the same batches from a Dataset."""
-  with tpu_fc.migration.installed():
+  with tpu_fc.legacy_names.installed():
     numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
   estimator = scripts.estimator_of(tmp_path / 'numpy', use_tpu)
   estimator.train(lambda params: numpy_input_fn(

@@ -920,7 +920,7 @@ def tf_model_fn(features, labels, mode, params):
 
 @legacy_only
 def test_real_tpu_estimator_checkpoint_exports_like_tf(tmp_path):
-  assert not tpu_fc.migration.is_installed()
+  assert not tpu_fc.legacy_names.is_installed()
   assert (tf.estimator.export.build_parsing_serving_input_receiver_fn is not
           tpu_fc.export.build_parsing_serving_input_receiver_fn)
   model_dir = tmp_path / 'model'

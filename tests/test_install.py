@@ -142,7 +142,7 @@ def test_install_is_idempotent_and_uninstall_restores():
            for name in before}
   assert after == before
   assert tf.__dict__.get('estimator') is estimator_before
-  assert not tpu_fc.migration.is_installed()
+  assert not tpu_fc.legacy_names.is_installed()
 
 
 def test_unknown_estimator_name_is_a_clear_attribute_error(installed):

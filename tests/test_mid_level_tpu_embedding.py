@@ -781,9 +781,9 @@ def test_several_replicas_in_sync_are_refused(tmp_path):
 
 
 def test_install_binds_tf_names_outside_a_tpu_strategy_only():
-  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
+  from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top
   table = embedding_api.TableConfig(vocabulary_size=3, dim=1)
-  with migration.installed():
+  with legacy_names.installed():
     names = tf.tpu.experimental.embedding
     built = names.TPUEmbedding(embedding_api.FeatureConfig(table=table),
                                embedding_api.SGD(0.1))
@@ -801,10 +801,10 @@ def test_install_binds_tf_names_outside_a_tpu_strategy_only():
 def test_a_class_defined_on_an_installed_name_subclasses_tpu_fcs():
   """As TF2 users subclass TF's class to add helpers: the subclass's own
   __init__ and methods run (before: the base class was built instead)."""
-  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
+  from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top
   table = embedding_api.TableConfig(vocabulary_size=3, dim=1,
                                     initializer=tf.constant_initializer(0.5))
-  with migration.installed():
+  with legacy_names.installed():
     class Looking(tf.tpu.experimental.embedding.TPUEmbedding):
 
       def __init__(self, feature_config, optimizer):

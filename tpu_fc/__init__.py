@@ -45,8 +45,8 @@ _prefer_legacy_keras()
 _PUBLIC = {
     'embedding_column': 'tpu_fc.columns',
     'shared_embedding_columns': 'tpu_fc.columns',
-    'install': 'tpu_fc.migration',
-    'uninstall': 'tpu_fc.migration',
+    'install': 'tpu_fc.legacy_names',
+    'uninstall': 'tpu_fc.legacy_names',
     'EmbeddingConfigSpec': 'tpu_fc.spec',
     'FeatureConfig': 'tpu_fc.spec',
     'MidLevelConfig': 'tpu_fc.spec',

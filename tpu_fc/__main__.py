@@ -33,10 +33,10 @@ def _run(args):
   if not os.path.isfile(args.script):
     raise SystemExit('tpu-fc run: error: no such script {} (relative paths start '
                      'at {})'.format(args.script, os.getcwd()))
-  from tpu_fc import migration  # pylint: disable=g-import-not-at-top
-  migration.install()
+  from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top
+  legacy_names.install()
   sys.argv = [os.path.abspath(args.script)] + list(args.script_args)
-  migration.run_script(args.script, run_name='__main__')
+  legacy_names.run_script(args.script, run_name='__main__')
 
 
 def _demo(args):

@@ -2,13 +2,13 @@
 
 multiprocessing's spawn and forkserver start methods run the parent's main
 script again in each child (as `__mp_main__`), in a fresh interpreter where
-`tpu-fc run` never bound the legacy names: `migration.run_script` has them
+`tpu-fc run` never bound the legacy names: `legacy_names.run_script` has them
 run this module instead, which binds the names and then runs the script.
 """
 import os
 
-from tpu_fc import migration
+from tpu_fc import legacy_names
 
-migration.install()
-globals().update(migration.run_script(os.environ[migration.RUN_SCRIPT_ENV],
+legacy_names.install()
+globals().update(legacy_names.run_script(os.environ[legacy_names.RUN_SCRIPT_ENV],
                                       run_name=__name__))

@@ -22,7 +22,7 @@ import numpy as np
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import mid_level as mid_level_lib
-from tpu_fc import migration
+from tpu_fc import legacy_names
 from tpu_fc import naming
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
@@ -573,12 +573,12 @@ def spec_from_reference(reference):
   if not module_name or not attribute:
     raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
         reference))
-  with migration.installed():
+  with legacy_names.installed():
     if module_name.endswith('.py'):
       if not os.path.isfile(module_name):
         raise ValueError('--spec {}: no such file {} (relative paths start at '
                          '{}).'.format(reference, module_name, os.getcwd()))
-      namespace = migration.run_script(module_name, run_name='__tpu_fc_spec__')
+      namespace = legacy_names.run_script(module_name, run_name='__tpu_fc_spec__')
     else:
       if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
         sys.path.insert(0, os.getcwd())
