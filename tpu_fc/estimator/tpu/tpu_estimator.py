@@ -217,9 +217,10 @@ class TPUEstimator(estimator.Estimator):
     """The PREDICT graph with every embedding looked up on the CPU."""
     params = self._params_for(ModeKeys.PREDICT, use_tpu=False)
     params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
-    features = lookup_backends.model_features(
-        self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
-        features, None)
+    with emulation.infeed_scope():
+      features = lookup_backends.model_features(
+          self._backends(ModeKeys.PREDICT, on_tpu=self._use_tpu, serving=True),
+          features, None)
     with build_context.building(ModeKeys.PREDICT):
       return to_estimator_spec(self._call_model_fn(
           features, None, ModeKeys.PREDICT, self.config, params))
@@ -349,13 +350,14 @@ class TPUEstimator(estimator.Estimator):
     if (mode == ModeKeys.PREDICT and
         lookup_backends.predicts_in_model_graph(backends)):
       _check_predict_ids_untransformed(features, self._embedding_config_spec)
+      with emulation.infeed_scope():
+        features = lookup_backends.model_features(backends, features, None)
       with build_context.building(mode):
         return emulation.predict_padded(
             lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
                 self._call_model_fn(f, labels, mode, config,
                                     self._params_for(mode, use_tpu=True)))),
-            lookup_backends.model_features(backends, features, None),
-            self._batch_sizes[mode])
+            features, self._batch_sizes[mode])
     if mode == ModeKeys.PREDICT:  # looked up by the host engine, one shard
       params = self._params_for(mode, use_tpu=True)
       return emulation.predict_padded(
@@ -475,6 +477,15 @@ class TPUEstimator(estimator.Estimator):
     params = self._params_for(mode)
     self._add_tpu_context(params, mode, call_from_input_fn=True)
     return params
+
+  def _call_model_fn(self, features, labels, mode, config, params):
+    """The Estimator's call; with use_tpu=True the CPU graphs (prediction,
+    export, evaluation with eval_on_tpu=False) name the tables as the TPU's
+    training recorded them, so they restore its checkpoints (with
+    use_tpu=False every name is TF 2.15's CPU name)."""
+    with (build_context.tables_named_as_on_tpu() if self._use_tpu else
+          contextlib.nullcontext()):
+      return super()._call_model_fn(features, labels, mode, config, params)
 
   def _check_model_fn_without_params(self):
     raise ValueError('model_fn ({}) does not include params argument, '
