@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tpu_fc import __main__ as cli
-from tpu_fc import migration
+from tpu_fc import legacy_names
 from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
@@ -34,7 +34,7 @@ import step2_mid_level_config  # noqa: E402  pylint: disable=g-import-not-at-top
 import step3_convert_checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 # Step 4 calls `tpu_fc.install()` on import (step 5 imports it); bound here for
 # the import only, so the other test modules of the session see TF's names.
-with migration.installed():
+with legacy_names.installed():
   import step4_tf2_loop  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
   import step5_serve  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -66,7 +66,7 @@ def run_example(*args):
 def _installed():
   """`tf.tpu.experimental.embedding.TPUEmbedding` is tpu_fc's, as when step 4
   runs as a script (its `tpu_fc.install()`)."""
-  with migration.installed():
+  with legacy_names.installed():
     yield
 
 

@@ -160,7 +160,8 @@ def test_a_trainer_pruning_cannot_take_the_checkpoint_a_reader_chose(
                       saving_listeners=[saves])
     except Exception as error:  # pylint: disable=broad-except
       failed.append(error)
-      saves.wait_for = lambda *args, **kwargs: pytest.fail(repr(error))
+      saves.wait_for = lambda *args, error=error, **kwargs: pytest.fail(
+          repr(error))
 
   trainer = threading.Thread(target=train)
   trainer.start()
