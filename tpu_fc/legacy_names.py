@@ -244,17 +244,17 @@ def install() -> None:
 
   Call it before the script reads the names: a name bound to a variable
   earlier (`from tensorflow.compat.v1.estimator.tpu import TPUEstimator`)
-  keeps TF's object.  It binds, in every TF API module (`tf`, `tf.compat.v1`,
-  `tf.compat.v2`): `tpu.experimental.embedding_column`,
-  `shared_embedding_columns` and the ten `*Parameters`
-  (`tf.compat.v1.tpu.experimental`); an `estimator` namespace (with `tpu`,
-  `tpu.experimental.EmbeddingConfigSpec`, `export`, `experimental`, `inputs`,
-  `ModeKeys`, `EstimatorSpec`, `train_and_evaluate`, ...; see the module doc),
-  also importable by path (`import tensorflow.estimator.tpu`);
-  `tpu.experimental.embedding.TPUEmbedding` and `TPUEmbeddingV0` (tpu_fc's
-  outside a `TPUStrategy`, TF's under one); and, where TF has no
-  `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a stand-in module with
-  the `*Parameters`, `TableConfig` and `FeatureConfig`.  Loads TensorFlow.
+  keeps TF's object.  It binds `tf.compat.v1.tpu.experimental`'s
+  `embedding_column`, `shared_embedding_columns` and ten `*Parameters`; in
+  every TF API module (`tf`, `tf.compat.v1`, `tf.compat.v2`) an `estimator`
+  namespace (with `tpu`, `tpu.experimental.EmbeddingConfigSpec`, `export`,
+  `experimental`, `ModeKeys`, `EstimatorSpec`, `train_and_evaluate`, ...;
+  see the module doc), also importable by path (`import
+  tensorflow.estimator.tpu`), and `tpu.experimental.embedding.TPUEmbedding`
+  and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
+  and, where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
+  stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`.
+  Loads TensorFlow.
   """
   if _bindings:
     return

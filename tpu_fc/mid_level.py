@@ -267,8 +267,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     """Looks up `features` (the structure of the feature config).
 
     Builds the object first if needed.  The lookup is TPUEstimator's emulated
-    engine's: negative ids are padding; an id at or above the vocabulary size
-    fails the step (`InvalidArgumentError` when it runs) naming the feature.
+    engine's: negative ids are padding.
 
     Args:
       features: a nest like `feature_config` of each feature's ids for the
@@ -288,8 +287,10 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
         than `feature_config`'s, weights for a dense or sequence input or of
         another type than their input, a dense input to a sequence feature,
         an input of another type, rank or dtype than ids (integers), or an
-        input that does not fit the feature's recorded output shape; a batch
-        not divisible by `num_cores` fails the step when it runs.
+        input that does not fit the feature's recorded output shape.
+      tf.errors.InvalidArgumentError: when the step runs, an id at or above
+        its table's vocabulary size, or a batch that does not split into
+        `num_cores`; the message names the feature.
     """
     del name, device  # one host
     replicas = tf.distribute.get_strategy().num_replicas_in_sync

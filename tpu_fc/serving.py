@@ -85,7 +85,7 @@ def export_mid_level_saved_model(export_dir: str, spec: Any, dense_model: Any,
 
   The `serving_default` signature takes serialized `tf.Example`s (`examples`).
   A request with an id outside its table's vocabulary fails, naming the
-  feature.  `tf.saved_model.load(export_dir)` serves it without tpu_fc.
+  feature.  `tf.saved_model.load(export_dir)` loads it.
 
   Args:
     export_dir: where to write the SavedModel.
