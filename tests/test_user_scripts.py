@@ -644,6 +644,55 @@ def test_tpu_checkpoints_hold_tf_2_15s_names_and_its_export_reads_them(
       served)
 
 
+def _renamed_checkpoint(source, model_dir, renames):
+  """`source`'s latest checkpoint written into `model_dir` with variables
+  renamed by `renames` (as another writer of the same model named them)."""
+  reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(source)))
+  with tf.Graph().as_default():
+    variables = [tf.compat.v1.Variable(reader.get_tensor(name),
+                                       name=renames.get(name, name))
+                 for name in reader.get_variable_to_shape_map()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      tf.compat.v1.train.Saver(variables).save(
+          session, str(model_dir / 'model.ckpt'), global_step=1)
+
+
+@pytest.mark.parametrize('container', ['sequential', 'subclassed'])
+def test_a_real_tpu_checkpoint_of_a_tf2_dense_features_model_restores(
+    tmp_path, container):
+  """TF 2.15's TPU names a TF2 `DenseFeatures` table by the bare variable
+  scope: `embedding_weights`, its Adagrad slot `embedding_weights/Adagrad`
+  (on the legacy lane: TF's own rule says so).  A `use_tpu=True` model
+  predicts, exports and trains on from such a checkpoint exactly as from its
+  own, which names them `dense_features/ids_embedding/...`."""
+  tf_names = ('embedding_weights', 'embedding_weights/Adagrad')
+  if TF_VERSION == (2, 15):
+    assert _tf_tpu_table_names(container, tf.keras.layers.DenseFeatures) == (
+        tf_names)
+  own = _container_estimator(tmp_path / 'own', container)
+  own.train(_container_input_fn, max_steps=1)
+  _renamed_checkpoint(tmp_path / 'own', tmp_path / 'tpu', dict(zip(
+      (CONTAINER_TABLE, CONTAINER_TABLE + '/Adagrad'), tf_names)))
+  from_tpu = _container_estimator(tmp_path / 'tpu', container)
+  assert set(tf_names) <= set(from_tpu.get_variable_names())
+  two_batches = lambda params: _container_input_fn(params).take(2)
+  predictions = [np.stack([p['logit'] for p in estimator.predict(two_batches)])
+                 for estimator in (own, from_tpu)]
+  np.testing.assert_array_equal(predictions[1], predictions[0])
+  np.testing.assert_array_equal(
+      _served(from_tpu.export_saved_model(str(tmp_path / 'export'),
+                                          _ids_receiver), CONTAINER_IDS[:BATCH]),
+      predictions[0][:BATCH])
+  for estimator in (own, from_tpu):
+    estimator.train(_container_input_fn, max_steps=2)
+  assert sorted(from_tpu.get_variable_names()) == sorted(
+      own.get_variable_names())
+  for name in own.get_variable_names():
+    np.testing.assert_array_equal(from_tpu.get_variable_value(name),
+                                  own.get_variable_value(name), err_msg=name)
+
+
 @pytest.mark.skipif(TF_VERSION != (2, 15),
                     reason="TF's own TPUEstimator is in the legacy lane only")
 def test_use_tpu_false_names_and_values_are_tf_2_15s(tmp_path):

@@ -43,6 +43,25 @@ def column_variable(column):
   return column_table(column.name)
 
 
+def tf_tpu_layer_table_name(name):
+  """The name TF 2.15's TPU gave what tpu_fc names `name`, if they differ.
+
+  TF2's `tf.keras.layers.DenseFeatures` builds its columns outside any
+  variable scope of its own, so a TPU named such a table (and its slots) by
+  the enclosing variable scope alone: `<scope>/embedding_weights[/<slot>]`
+  where tpu_fc says `<scope>/<layer>/<column>/embedding_weights[/<slot>]`
+  (`docs/emulation.md`).  None for a name of no column's table (a column is
+  `<key>_embedding`).
+  """
+  parts = name.split('/')
+  if COLUMN_TABLE not in parts:
+    return None
+  table = parts.index(COLUMN_TABLE)
+  if table < 2 or not parts[table - 1].endswith('_embedding'):
+    return None
+  return '/'.join(parts[:table - 2] + parts[table:])
+
+
 def is_column_variable(name, column):
   """Whether variable `name` (under any enclosing scope) is `column`'s table."""
   suffix = column_variable(column)

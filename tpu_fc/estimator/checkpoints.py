@@ -282,9 +282,39 @@ def checkpoint_shapes(checkpoint_path):
     raise
 
 
-def check_restorable(checkpoint_path, var_list):
-  """Raises a clear error if `var_list` cannot restore from the checkpoint."""
-  _check_shapes(checkpoint_path, checkpoint_shapes(checkpoint_path), var_list)
+def restored_names(checkpoint_path, shapes, var_list, alias=None):
+  """{name: checkpoint name} of the `var_list` names a checkpoint holds under
+  another name, `alias(name)` (a table as TF's TPU named it); raises, naming
+  them, if any variable differs in shape from what the checkpoint holds.
+
+  Args:
+    shapes: the checkpoint's {name: shape} (`checkpoint_shapes`).
+    alias: `name -> the name another writer of the model's checkpoints gave
+      it, or None`; used only where the checkpoint lacks `name`.
+  """
+  read_as = {}
+  for name in var_list:
+    other = alias(name) if alias and name not in shapes else None
+    if other in shapes and other not in var_list:
+      read_as[name] = other
+  if read_as:
+    tf.compat.v1.logging.info(
+        'Checkpoint %s holds %s as TensorFlow\'s TPU named them (%s); they are '
+        'restored from there.', original_path(checkpoint_path),
+        ', '.join(sorted(read_as)), ', '.join(sorted(read_as.values())))
+  _check_shapes(checkpoint_path, shapes,
+                {read_as.get(n, n): v for n, v in var_list.items()})
+  return read_as
+
+
+def restoring_saver(checkpoint_path, var_list, alias=None):
+  """A Saver that restores `var_list` from the checkpoint, reading each
+  variable under its name there (`restored_names`); clear errors if it cannot."""
+  read_as = restored_names(checkpoint_path, checkpoint_shapes(checkpoint_path),
+                           var_list, alias)
+  return tf.compat.v1.train.Saver(
+      var_list={read_as.get(n, n): v for n, v in var_list.items()},
+      sharded=True)
 
 
 class TolerantSaver(tf.compat.v1.train.Saver):
@@ -295,7 +325,7 @@ class TolerantSaver(tf.compat.v1.train.Saver):
   """
 
   def __init__(self, var_list, checkpoint_path, input_pipeline=(),
-               may_start_anew=(), **kwargs):
+               may_start_anew=(), alias=None, **kwargs):
     super().__init__(  # Saver rewrites its dict
         var_list=dict(var_list, **{s.name: s for s in input_pipeline}), **kwargs)
     self._variables_only = (tf.compat.v1.train.Saver(
@@ -304,10 +334,11 @@ class TolerantSaver(tf.compat.v1.train.Saver):
     if not checkpoint_path:
       return
     shapes = checkpoint_shapes(checkpoint_path)
-    _check_shapes(checkpoint_path, shapes, var_list)
+    read_as = restored_names(checkpoint_path, shapes, var_list, alias)
     available = set(shapes)
-    missing = sorted(name for name in var_list if name not in available)
-    if not missing:
+    missing = sorted(name for name in var_list
+                     if read_as.get(name, name) not in available)
+    if not missing and not read_as:
       return
     not_state = [n for n in missing if n not in may_start_anew and
                  not _is_optimizer_state(n, var_list)]
@@ -318,7 +349,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
           'a new table?); restore it into the model that wrote it, or start '
           'from a new model_dir.'.format(original_path(checkpoint_path),
                                          ', '.join(not_state)))
-    present = {n: v for n, v in var_list.items() if n in available}
+    present = {read_as.get(n, n): v for n, v in var_list.items()
+               if n not in missing}
     self._partial = (
         checkpoint_path,
         tf.compat.v1.train.Saver(var_list=present, sharded=True),
@@ -336,12 +368,13 @@ class TolerantSaver(tf.compat.v1.train.Saver):
   def _restore(self, sess, save_path):
     if self._partial is not None and save_path == self._partial[0]:
       _, saver, initialize, missing = self._partial
-      tf.compat.v1.logging.warning(
-          'Checkpoint %s has no %s (optimizer state of another training mode or '
-          'optimizer, or variables of hooks it was trained without); they start '
-          'from their initial values.', original_path(save_path),
-          ', '.join(missing))
-      sess.run(initialize)
+      if missing:
+        tf.compat.v1.logging.warning(
+            'Checkpoint %s has no %s (optimizer state of another training mode '
+            'or optimizer, or variables of hooks it was trained without); they '
+            'start from their initial values.', original_path(save_path),
+            ', '.join(missing))
+        sess.run(initialize)
       return saver.restore(sess, save_path)
     if self._variables_only is not None:
       return self._variables_only.restore(sess, save_path)
@@ -385,7 +418,7 @@ def remove_cut_short_saves(model_dir):
 
 
 def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
-                      input_pipeline=()):
+                      input_pipeline=(), alias=None):
   """`scaffold`, adding the graph's Saver (unless it has one) when finalized.
 
   As TF's Estimator built its Saver: after the hooks' `begin`, so variables a
@@ -399,6 +432,7 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
       own name.  Variables built after it are saved under their own names.
     input_pipeline: the input position saveables every checkpoint holds
       (`InputPipelinePosition.saveable`).
+    alias: as `restored_names`.
   """
   names = names or {}
   named = {id(v) for v in _variables_saved_as(names, names)}
@@ -420,7 +454,8 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
     graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, TolerantSaver(
         var_list, checkpoint_path, sharded=True,
         input_pipeline=input_pipeline,
-        may_start_anew=later, max_to_keep=config.keep_checkpoint_max,
+        may_start_anew=later, alias=alias,
+        max_to_keep=config.keep_checkpoint_max,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
         save_relative_paths=True))
 

@@ -369,7 +369,7 @@ class Estimator(object):
             lambda features, labels, mode: self._model_fn_as_exported(
                 features, labels, mode, self.config),
             export_dir_base, input_receiver_fn_map, checkpoint, assets_extra,
-            as_text, self._config.tf_random_seed))
+            as_text, self._config.tf_random_seed, self._checkpoint_alias))
 
   def export_savedmodel(self,
                         export_dir_base,
@@ -757,12 +757,19 @@ class Estimator(object):
       spec = spec._replace(scaffold=checkpoints.saver_at_finalize(
           spec.scaffold, graph, checkpoint_path, self._config,
           built.checkpoint_names,
-          [position.saveable for position in positions]))
+          [position.saveable for position in positions],
+          self._checkpoint_alias))
     if self._warm_start_settings and not checkpoint_path:
       tf.compat.v1.logging.info('Warm-starting with WarmStartSettings: %s' %
                                 (self._warm_start_settings,))
       tf.compat.v1.train.warm_start(*self._warm_start_settings)
     return built._replace(spec=spec), input_hooks, bool(positions)
+
+  def _checkpoint_alias(self, name):
+    """The name another writer of this model's checkpoints gave variable
+    `name`, or None: an Estimator's checkpoints are its own."""
+    del name
+    return None
 
   def _build_mode_graph(self, mode, inputs, sync, eval_steps):
     """Builds `mode`'s model on `inputs` (an `input_fn.Input`); returns its

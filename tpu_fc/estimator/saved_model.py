@@ -22,7 +22,7 @@ _MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
 def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
                             checkpoint_path, assets_extra=None, as_text=False,
-                            random_seed=None):
+                            random_seed=None, checkpoint_alias=None):
   """Writes the SavedModel; returns its directory (bytes, as Estimator does).
 
   Args:
@@ -36,6 +36,7 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
       `assets.extra`.
     as_text: write the SavedModel proto as text.
     random_seed: the graph seed (RunConfig.tf_random_seed).
+    checkpoint_alias: `checkpoints.restored_names`' `alias`.
   """
   modes = [mode for mode in _MODES if input_receiver_fn_map.get(mode)]
   if not modes:
@@ -47,7 +48,8 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
     builder = tf.compat.v1.saved_model.Builder(temp_dir)
     for mode in modes:
       _add_meta_graph(builder, build_model, input_receiver_fn_map[mode], mode,
-                      checkpoint_path, mode == modes[0], random_seed)
+                      checkpoint_path, mode == modes[0], random_seed,
+                      checkpoint_alias)
     builder.save(as_text)
     _copy_assets_extra(temp_dir, assets_extra)
   except BaseException:
@@ -60,7 +62,8 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
 
 
 def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
-                    checkpoint_path, save_variables, random_seed):
+                    checkpoint_path, save_variables, random_seed,
+                    checkpoint_alias):
   """Builds `mode`'s graph, restores `checkpoint_path` and adds the graph
   (with the variables if `save_variables`) to `builder`."""
   with tf.Graph().as_default():
@@ -77,17 +80,17 @@ def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
         receiver.receiver_tensors, export_outputs,
         getattr(receiver, 'receiver_tensors_alternatives', None),
         serving_only=mode == ModeKeys.PREDICT)
-    saver = spec.scaffold.saver
+    saver = restorer = spec.scaffold.saver
     if saver is None:
-      checkpoints.check_restorable(
+      restorer = checkpoints.restoring_saver(
           checkpoint_path, internals.op_list_to_dict(
-              tf.compat.v1.global_variables()))
+              tf.compat.v1.global_variables()), checkpoint_alias)
       saver = tf.compat.v1.train.Saver(sharded=True)
     local_init = (spec.scaffold.local_init_op or
                   tf.compat.v1.train.Scaffold.default_local_init_op())
     with tf.compat.v1.Session() as session:
       try:
-        saver.restore(session, checkpoint_path)
+        restorer.restore(session, checkpoint_path)
       except tf.errors.NotFoundError as e:
         raise ValueError(
             'Could not load all requested variables from checkpoint. Please '

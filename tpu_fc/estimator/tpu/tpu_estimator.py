@@ -598,6 +598,11 @@ class TPUEstimator(estimator.Estimator):
           contextlib.nullcontext()):
       return super()._call_model_fn(features, labels, mode, config, params)
 
+  def _checkpoint_alias(self, name):
+    """A use_tpu=True model also restores a real TPU's checkpoints, whose TF2
+    `DenseFeatures` tables TF named otherwise."""
+    return naming.tf_tpu_layer_table_name(name) if self._use_tpu else None
+
   def _check_model_fn_without_params(self):
     raise ValueError('model_fn ({}) does not include params argument, '
                      'required by TPUEstimator to pass batch size as '
