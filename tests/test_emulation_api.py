@@ -17,7 +17,7 @@ Every expected value is derived here, independently of the code under test:
   `max_sequence_length`), the gradient of every looked-up id by the chain rule;
 * table updates by `tpu_fc.reference` (THE definition of the TPU update rules,
   on several cores: `apply_update_by_core`), compared within the float32 error bound of
-  `helpers.ReferenceSteps`, CPU model-optimizer updates (use_tpu=False,
+  `oracle.ReferenceSteps`, CPU model-optimizer updates (use_tpu=False,
   tensor-core columns) by the TF1 optimizer formulas written out here;
 * checkpoint names from LEGACY_SEMANTICS §7.
 """
@@ -32,7 +32,8 @@ from typing import Any, Optional
 import numpy as np
 import pytest
 
-import helpers
+from harness import lanes
+from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
@@ -191,9 +192,9 @@ class Table:
     self.name, self.feats = name, feats
     # row_grads rounds at most as often as the engine: the norm's sqrt,
     # dact·w, / norm, the multiplier.
-    self.want = helpers.ReferenceSteps(
+    self.want = oracle.ReferenceSteps(
         params, init, reference.init_slots(params, init.shape),
-        gradient_roundings=helpers.ENGINE_GRADIENT_ROUNDINGS)
+        gradient_roundings=oracle.ENGINE_GRADIENT_ROUNDINGS)
 
   @property
   def w(self):
@@ -571,18 +572,13 @@ def test_gradient_multiplier_fn_scales_every_embedding_gradient(tmp_path):
 # refuses (with TF 2.15's own classes on the legacy lane), per table or for the
 # spec.  The model reads the activation `features['a']` directly.
 
-if tf.__version__.startswith('2.15'):
-  from tensorflow.python.tpu import tpu_embedding as tf_legacy  # pylint: disable=g-import-not-at-top
-else:
-  tf_legacy = None
-CLASSES = ['tpu_fc', pytest.param('tf_2_15', marks=pytest.mark.skipif(
-    tf_legacy is None, reason="TF 2.15's classes"))]
+CLASSES = ['tpu_fc', pytest.param('tf_2_15', marks=pytest.mark.legacy_only)]
 
 
 def dict_spec(classes, params, where, dim=D, learning_rate_fn=None):
   """Feature 'a' of table 't' (init_table(11)), trained by `params` given
   `where` ('table' or 'spec'), with `classes`' configs."""
-  configs = tpu_fc if classes == 'tpu_fc' else tf_legacy
+  configs = tpu_fc if classes == 'tpu_fc' else lanes.tf_tpu_embedding
   table = configs.TableConfig(
       V, dim, combiner='sum', initializer=const_init(init_table(11)[:, :dim]),
       learning_rate_fn=learning_rate_fn,
@@ -633,7 +629,7 @@ DICT_ONLY = {
 def test_dict_configs_train_with_adagrad_momentum_and_proximal_yogi(
     tmp_path, name, classes, where):
   feat = Feat('a', A_SP, combiner='sum')
-  params = getattr(tpu_fc if classes == 'tpu_fc' else tf_legacy, name)(
+  params = getattr(tpu_fc if classes == 'tpu_fc' else lanes.tf_tpu_embedding, name)(
       **DICT_ONLY[name])
   c = coefficients(11, D)
   one, estimator = train_1_and_3(
@@ -658,12 +654,12 @@ def test_dict_configs_estimate_lookup_frequencies(tmp_path, classes, where):
   kwargs = dict(tau=0.25, max_delta=1.5, outlier_threshold=0.5,
                 weight_exponent=1.0)
   params = (tpu_fc if classes == 'tpu_fc' else
-            tf_legacy).FrequencyEstimatorParameters(**kwargs)
+            lanes.tf_tpu_embedding).FrequencyEstimatorParameters(**kwargs)
   spec = dict_spec(classes, params, where, dim=1,
                    learning_rate_fn=lambda step: tf.cast(step, tf.float32))
   one, estimator = train_1_and_3(tmp_path, dict_model_fn(stop_gradient=True),
                                  spec, make_input_fn([feat], coefficients(12, 1)))
-  want = helpers.ReferenceSteps(
+  want = oracle.ReferenceSteps(
       tpu_fc.FrequencyEstimatorParameters(**kwargs), init_table(11)[:, :1],
       {'last_hit_step': np.zeros((V, 1), np.float32)})
   ids = np.array([i for _, _, i, _ in feat.entries()])

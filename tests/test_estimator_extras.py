@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import inputs
 
-import helpers
+from harness import lanes
+from harness import oracle
 import test_user_scripts as scripts
 from test_user_scripts import BATCH, N, X, Y
 
-LEGACY = TF_VERSION == (2, 15)
 pytestmark = pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
 
 
@@ -35,7 +34,7 @@ def _auc(labels, predictions):
 
 def _drivers():
   """tpu_fc, and on the legacy lane TF 2.15's TPUEstimator."""
-  return [tpu_fc] + ([tf.compat.v1.estimator.tpu] if LEGACY else [])
+  return [tpu_fc] + ([tf.compat.v1.estimator.tpu] if lanes.LEGACY else [])
 
 
 def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
@@ -71,7 +70,7 @@ def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
       _eval_input_fn, steps=N // BATCH)
   for name in ('loss', 'mean_logit'):
     assert metrics[name] == pytest.approx(cpu[name], rel=1e-6), name
-  if LEGACY:  # (trained on the emulated TPU's 2 shards; TF's on the CPU)
+  if lanes.LEGACY:  # (trained on the emulated TPU's 2 shards; TF's on the CPU)
     legacy_params, legacy = seen[tf.compat.v1.estimator.tpu]
     assert legacy_params == params
     for name in metrics:
@@ -135,7 +134,7 @@ def test_experimental_export_all_saved_models_writes_a_meta_graph_per_mode(
              '`export_to_tpu` is `True`; Mode {} will be ignored for TPU.'.format(
                  mode) for mode in ('train', 'eval')]
   assert [m for m in tf_log if m in ignored] == ignored * len(_drivers())
-  if LEGACY:
+  if lanes.LEGACY:
     legacy_meta_graphs, _ = exported[tf.compat.v1.estimator.tpu]
     assert ({tags: signatures for tags, (signatures, _) in
              legacy_meta_graphs.items()} ==
@@ -161,7 +160,7 @@ def test_in_memory_evaluator_hook_evaluates_the_variables_being_trained(
   the legacy lane TF 2.15's own hook, given tpu_fc's estimator, evaluates
   the same."""
   hook_classes = [hooks_lib.InMemoryEvaluatorHook]
-  if LEGACY:
+  if lanes.LEGACY:
     hook_classes.append(tf.estimator.experimental.InMemoryEvaluatorHook)
   evaluations = []
   for number, hook_class in enumerate(hook_classes):
@@ -185,7 +184,7 @@ def test_make_stop_at_checkpoint_step_hook(tmp_path, monkeypatch):
   checkpoint holds the last step (here the chief's, saving every step, in
   the same model_dir), as TF 2.15's does given tpu_fc's estimator."""
   makers = [hooks_lib.make_stop_at_checkpoint_step_hook]
-  if LEGACY:
+  if lanes.LEGACY:
     makers.append(tf.estimator.experimental.make_stop_at_checkpoint_step_hook)
   for number, make in enumerate(makers):
     model_dir = str(tmp_path / str(number))
@@ -281,7 +280,7 @@ def test_a_warm_start_remaps_a_vocabulary_with_vocab_info(tmp_path, use_tpu):
 def _numpy_input_fns():
   """tpu_fc's numpy_input_fn, and on the legacy lane TF 2.15's."""
   return [inputs.numpy_input_fn] + (
-      [tf.compat.v1.estimator.inputs.numpy_input_fn] if LEGACY else [])
+      [tf.compat.v1.estimator.inputs.numpy_input_fn] if lanes.LEGACY else [])
 
 
 def _batches_of(input_fn, most=12):
@@ -372,7 +371,7 @@ def test_numpy_input_fn_shuffles_and_reads_per_thread_as_tf_2_15():
   ]
   for numpy_input_fn in _numpy_input_fns():
     with tf.Graph().as_default():
-      assert [helpers.outcome(call, numpy_input_fn) for call in calls] == (
+      assert [oracle.outcome(call, numpy_input_fn) for call in calls] == (
           expected)
 
 
@@ -384,9 +383,9 @@ def test_pandas_input_fn_without_pandas_fails_as_tf_2_15s():
   else:
     pytest.skip('pandas is installed')
   functions = [inputs.pandas_input_fn] + (
-      [tf.compat.v1.estimator.inputs.pandas_input_fn] if LEGACY else [])
+      [tf.compat.v1.estimator.inputs.pandas_input_fn] if lanes.LEGACY else [])
   for pandas_input_fn in functions:
-    assert helpers.outcome(pandas_input_fn, None, shuffle=False) == (
+    assert oracle.outcome(pandas_input_fn, None, shuffle=False) == (
         TypeError, 'pandas_input_fn should not be called without pandas '
         'installed')
 

@@ -1,15 +1,17 @@
 """The spec's runtime options: pipeline_execution_with_tensor_core, profile_data_directory.
 
 Tables are compared with the reference's within its float32 error bound
-(`helpers.ReferenceSteps`).
+(`oracle.ReferenceSteps`).
 """
 import copy
 import json
 
 import numpy as np
 
-import harness
-import helpers
+from harness import estimators
+from harness import inputs
+from harness import models
+from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
@@ -59,7 +61,7 @@ def _reference_steps(steps):
   d/dact = C, passed on exactly by the sum combiner), on one core.
   """
   params = _spec(False).optimization_parameters
-  want = helpers.ReferenceSteps(params, TABLE,
+  want = oracle.ReferenceSteps(params, TABLE,
                                 reference.init_slots(params, TABLE.shape))
   flat_ids = IDS.reshape(-1)
   grads = np.repeat(C, IDS.shape[1], axis=0)
@@ -90,22 +92,22 @@ def test_checkpoints_hold_every_parked_update(tmp_path):
   """Two steps of two shards, each step's update parked for the next lookup:
   the checkpoint holds both (the harness's loss is linear, so its gradients do
   not depend on what a lookup missed)."""
-  estimator = harness.estimator(tmp_path, 'embedding_core', 'adagrad',
+  estimator = estimators.contract_estimator(tmp_path, 'embedding_core', 'adagrad',
                                 pipelined=True)
-  estimator.train(harness.input_fn_of('sparse'), steps=2)
-  harness.expected_step('embedding_core', 'adagrad', steps=2).assert_matches(
-      estimator.get_variable_value(harness.TABLE))
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
+  oracle.expected_step('embedding_core', 'adagrad', steps=2).assert_matches(
+      estimator.get_variable_value(models.TABLE))
 
 
 def test_profile_data_directory_gets_lookup_statistics(tmp_path):
   """The spec's profile_data_directory receives per-table JSON statistics."""
-  estimator = harness.estimator(
+  estimator = estimators.contract_estimator(
       tmp_path / 'model', 'embedding_core', 'sgd',
       profile_data_directory=str(tmp_path / 'profile'))
-  estimator.train(harness.input_fn_of('sparse'), steps=2)
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
   stats = json.loads((tmp_path / 'profile' / 'tbl_ids.json').read_text())
-  ids = [i for row in harness.IDS for i in row]
-  assert stats['ids_per_example'] == len(ids) / len(harness.IDS)
+  ids = [i for row in inputs.IDS for i in row]
+  assert stats['ids_per_example'] == len(ids) / len(inputs.IDS)
   assert stats['unique_ids_per_batch'] == len(set(ids))
   assert stats['hot_ids'][0] == [4, 2 * stats['steps_profiled']]
-  assert stats['num_hosts'] == harness.NUM_SHARDS
+  assert stats['num_hosts'] == estimators.NUM_SHARDS

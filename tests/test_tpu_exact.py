@@ -131,8 +131,7 @@ np.save(sys.argv[2] + '/plain.npy',
 """
 
 
-@pytest.mark.skipif(not tf.__version__.startswith('2.15'),
-                    reason="TF 2.15's own TPUEstimator is the reference")
+@pytest.mark.legacy_only
 def test_tf_cross_shard_optimizer_without_tpu_fails(tmp_path):
   """TF 2.15's own TPUEstimator, in a fresh process (a test suite's earlier
   bindings cannot reach it): CrossShardOptimizer fails without a TPU; without

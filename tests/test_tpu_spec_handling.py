@@ -10,21 +10,23 @@ told why.
 import numpy as np
 import pytest
 
-import harness
+from harness import estimators
+from harness import inputs
+from harness import models
 import tpu_fc
 from tpu_fc._tf import tf
 
-TABLE_AND_SLOT = {harness.TABLE, harness.TABLE + '/Adagrad'}
+TABLE_AND_SLOT = {models.TABLE, models.TABLE + '/Adagrad'}
 
 
 def model_fn(features, labels, mode, params):
   del labels
   net = tf.compat.v1.keras.layers.DenseFeatures([params['column']])(features)
-  loss = harness.loss_of(net)
+  loss = models.contract_loss(net)
   train_op = None
   if mode == tpu_fc.ModeKeys.TRAIN:
     optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
-        tf.compat.v1.train.GradientDescentOptimizer(harness.LR))
+        tf.compat.v1.train.GradientDescentOptimizer(models.LR))
     train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
   option = params['option']
   if option == 'plain_spec_chief_hook':
@@ -49,30 +51,30 @@ def model_fn(features, labels, mode, params):
 
 
 def estimator(model_dir, option=None, iterations_per_loop=2):
-  column = harness.column('embedding_core')
+  column = models.contract_column('embedding_core')
   return tpu_fc.TPUEstimator(
-      model_fn=model_fn, use_tpu=True, train_batch_size=len(harness.IDS),
-      eval_batch_size=len(harness.IDS),
+      model_fn=model_fn, use_tpu=True, train_batch_size=len(inputs.IDS),
+      eval_batch_size=len(inputs.IDS),
       params={'column': column, 'option': option},
       config=tpu_fc.RunConfig(
           model_dir=str(model_dir), save_checkpoints_steps=1,
           tpu_config=tpu_fc.TPUConfig(
-              num_shards=harness.NUM_SHARDS,
+              num_shards=estimators.NUM_SHARDS,
               iterations_per_loop=iterations_per_loop)),
       embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
           feature_columns=[column],
-          optimization_parameters=harness.EMBEDDING_OPTIMIZERS['adagrad']))
+          optimization_parameters=estimators.EMBEDDING_OPTIMIZERS['adagrad']))
 
 
 def constant_input_fn(params):
   """The batch as tensors, not a Dataset: one step per session.run."""
   del params
-  return {'ids': harness.ids_feature('sparse')}, tf.zeros([len(harness.IDS), 1])
+  return {'ids': inputs.contract_ids('sparse')}, tf.zeros([len(inputs.IDS), 1])
 
 
 @pytest.mark.parametrize('input_fn, iterations_per_loop', [
-    (harness.input_fn_of('sparse'), 1), (constant_input_fn, 2),
-    (harness.input_fn_of('sparse'), 2)], ids=['one_step_loop', 'tensors',
+    (inputs.contract_input_fn('sparse'), 1), (constant_input_fn, 2),
+    (inputs.contract_input_fn('sparse'), 2)], ids=['one_step_loop', 'tensors',
                                               'loop'])
 def test_a_scaffold_fn_saver_saves_the_tables(tmp_path, input_fn,
                                               iterations_per_loop):
@@ -92,7 +94,7 @@ def test_a_v1_summary_in_host_call_gets_tfs_error(tmp_path,
   with pytest.raises(ValueError, match='Please use tf.contrib.summary instead '
                      'of tf.summary inside of host_calls.'):
     estimator(tmp_path, 'v1_summary_in_host_call', iterations_per_loop).train(
-        harness.input_fn_of('sparse'), max_steps=2)
+        inputs.contract_input_fn('sparse'), max_steps=2)
 
 
 def test_a_plain_spec_with_chief_hooks_gets_tfs_error(tmp_path):
@@ -101,7 +103,7 @@ def test_a_plain_spec_with_chief_hooks_gets_tfs_error(tmp_path):
                      'want to pass training hooks, please pass via '
                      'training_hooks.'):
     estimator(tmp_path, 'plain_spec_chief_hook').train(
-        harness.input_fn_of('sparse'), max_steps=2)
+        inputs.contract_input_fn('sparse'), max_steps=2)
 
 
 @pytest.mark.parametrize('iterations_per_loop', [1, 2])
@@ -109,7 +111,7 @@ def test_a_plain_specs_scaffold_is_ignored_with_tfs_warning(
     tmp_path, tf_log, iterations_per_loop):
   """Its Saver, made before the tables exist, would have left them unsaved."""
   tpu = estimator(tmp_path, 'plain_spec_saver', iterations_per_loop)
-  tpu.train(harness.input_fn_of('sparse'), max_steps=2)
+  tpu.train(inputs.contract_input_fn('sparse'), max_steps=2)
   assert TABLE_AND_SLOT <= set(dict(tf.train.list_variables(
       tpu.latest_checkpoint())))
   assert ('EstimatorSpec.Scaffold is ignored by TPU train/eval. Please use '
@@ -118,18 +120,18 @@ def test_a_plain_specs_scaffold_is_ignored_with_tfs_warning(
 
 def test_an_evaluation_hook_on_a_model_fn_tensor_is_told_why(tmp_path):
   tpu = estimator(tmp_path, 'eval_hook_on_loss')
-  tpu.train(harness.input_fn_of('sparse'), max_steps=1)
+  tpu.train(inputs.contract_input_fn('sparse'), max_steps=1)
   with pytest.raises(ValueError, match='(?s)inside the TPU evaluation loop .*'
                      'evaluation_hooks cannot fetch its tensors .*Pass them '
                      'to eval_metrics instead'):
-    tpu.evaluate(harness.input_fn_of('sparse'), steps=2)
+    tpu.evaluate(inputs.contract_input_fn('sparse'), steps=2)
 
 
 def test_numpy_features_train_as_tensors(tmp_path):
   """An input_fn may return numpy arrays (TF converts them), on the TPU too."""
   def input_fn(params):
     features, labels = constant_input_fn(params)
-    return dict(features, extra=np.zeros([len(harness.IDS), 1], np.float32)), (
+    return dict(features, extra=np.zeros([len(inputs.IDS), 1], np.float32)), (
         labels)
 
   tpu = estimator(tmp_path)
@@ -157,5 +159,5 @@ def test_a_hook_fetches_the_step_before_each_loop(tmp_path):
   """Never a step inside the in-graph loop (it ran 10 steps per run)."""
   hook = StepsSeen()
   estimator(tmp_path, iterations_per_loop=10).train(
-      harness.input_fn_of('sparse'), max_steps=200, hooks=[hook])
+      inputs.contract_input_fn('sparse'), max_steps=200, hooks=[hook])
   assert hook.seen == list(range(0, 200, 10))
