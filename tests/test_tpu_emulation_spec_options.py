@@ -1,4 +1,5 @@
-"""The spec's runtime options: pipeline_execution_with_tensor_core, profile_data_directory.
+"""The spec's runtime options: pipeline_execution_with_tensor_core,
+profile_data_directory, experimental_gradient_multiplier_fn.
 
 Tables are compared with the reference's within its float32 error bound
 (`oracle.ReferenceSteps`).
@@ -8,16 +9,18 @@ import json
 
 import numpy as np
 
-from harness import estimators
-from harness import inputs
-from harness import models
-from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
 from tpu_fc.lookup.backends import EmbeddingCoreBackend
 
+from harness import estimators
+from harness import inputs
+from harness import models
+from harness import oracle
+
 fc = tf.feature_column
+D, NS = inputs.DIM, estimators.NUM_SHARDS
 TABLE = np.arange(18, dtype=np.float32).reshape(6, 3) / 10
 IDS = np.array([[1, 4], [4, 2]])
 C = np.array([[1., -2., 0.5], [0.3, 0.2, -1.]], np.float32)
@@ -111,3 +114,30 @@ def test_profile_data_directory_gets_lookup_statistics(tmp_path):
   assert stats['unique_ids_per_batch'] == len(set(ids))
   assert stats['hot_ids'][0] == [4, 2 * stats['steps_profiled']]
   assert stats['num_hosts'] == estimators.NUM_SHARDS
+
+
+def test_gradient_multiplier_fn_scales_every_embedding_gradient(tmp_path):
+  feat = inputs.Feature('a', inputs.A_SP, combiner='mean')
+  init = models.init_table(5)
+  params = tpu_fc.AdagradParameters(0.1, initial_accumulator=0.1)
+
+  def column_fn():
+    return [feat.column(init)], []
+
+  spec = tpu_fc.EmbeddingConfigSpec(
+      feature_columns=column_fn()[0], optimization_parameters=params,
+      experimental_gradient_multiplier_fn=(
+          lambda step: 2.0 + tf.cast(step, tf.float32)))
+  c = inputs.coefficients(5, D)
+  one, estimator = estimators.train_1_and_3(
+      tmp_path, models.user_model_fn(column_fn), spec,
+                                            inputs.input_fn([feat], c))
+  table = oracle.Table('dense_features/a_embedding/embedding_weights', init,
+                       params, [feat])
+  table.step({'a': c / NS}, 0.1, multiplier=2.0)
+  table.check(one, 1)
+  table.step({'a': c / NS}, 0.1, multiplier=3.0)
+  table.step({'a': c / NS}, 0.1, multiplier=4.0)
+  table.check(estimator, 3)
+  # the model's gradients are unscaled
+  oracle.check_bias(estimator, c, 3, 1.0 / NS)
