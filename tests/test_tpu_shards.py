@@ -145,7 +145,7 @@ def test_params_context_describes_the_emulated_system(tmp_path):
   # Model parallelism, whose device assignment TF gave, is not emulated.
   with pytest.raises(NotImplementedError, match='num_cores_per_replica=2'):
     tpu_context.TPUContext(  # pylint: disable=expression-not-assigned
-        4, call_from_input_fn=False, num_cores_per_replica=2).device_assignment
+        4, num_cores_per_replica=2).device_assignment
 
 
 # Each TPU core runs the whole model_fn with its own copy of the variables.
@@ -238,3 +238,278 @@ def test_partitioned_variables_are_whole_as_on_a_tpu(tmp_path, tf_log):
   predicted = [p['out'] for p in estimator.predict(
       lambda params: core_input_fn(params).take(1))]
   np.testing.assert_allclose(predicted, CORE_X @ kernel + bias, rtol=1e-6)
+
+
+# Input pipelines (TPUConfig.per_host_input_for_training), as TF 2.15 deploys
+# input_fn on one host of 2 cores: a global batch of 4, per-core batches of 2.
+# The input numbers each batch: `t` is its first `x` on every row, a per-batch
+# step (as a normalization or in-batch negatives would be) that shows which
+# batches the input_fn made.
+
+PIPELINE_X = np.arange(16, dtype=np.float32).reshape(16, 1)
+PIPELINES = tpu_fc.InputPipelineConfig
+
+
+def _pipeline_input_fn(seen):
+  def input_fn(params, mode):
+    context = params.get('context')
+    index, count = (context.current_input_fn_deployment()[1:3] if context
+                    else (0, 1))
+    seen.append(('input_fn', mode, params['batch_size'], context and (
+        context.current_input_fn_deployment()[1:], context.num_hosts,
+        context.current_host)))
+    dataset = tf.data.Dataset.from_tensor_slices(PIPELINE_X).shard(
+        count, index).batch(params['batch_size'], drop_remainder=True).map(
+            lambda x: ({'x': x, 't': tf.ones_like(x) * x[0]}, x))
+    if mode != tpu_fc.ModeKeys.TRAIN:
+      return dataset
+    dataset = dataset.repeat()
+    if count > 1:  # PER_SHARD_V1: tensors of this core's own input, as TF wants
+      return tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    return dataset
+  return input_fn
+
+
+def _pipeline_model_fn(seen):
+  """`w` trains to the step's mean `t` (SGD(0.5) on (w - t)²); `core0_x`
+  sums the `x` of core 0 (only shard 0's train_op runs, and TPU core 0's
+  variables are the checkpoint's)."""
+  def model_fn(features, labels, mode, params):
+    del labels
+    context = params.get('context')
+    seen.append(('model_fn', mode, params['batch_size'],
+                 context and context.num_replicas))
+    w = tf.compat.v1.get_variable('w', [], initializer=tf.zeros_initializer())
+    core0_x = tf.compat.v1.get_variable(
+        'core0_x', [], initializer=tf.zeros_initializer(), trainable=False)
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return tpu_fc.TPUEstimatorSpec(mode, predictions={'t': features['t'][:, 0]})
+    loss = tf.reduce_mean(tf.square(w - features['t']))
+    if mode == tpu_fc.ModeKeys.EVAL:
+      return tpu_fc.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
+          lambda t: {'mean_t': tf.compat.v1.metrics.mean(t),
+                     'core0_t': tf.compat.v1.metrics.mean(t[0]),
+                     'core1_t': tf.compat.v1.metrics.mean(t[-1])},
+          [features['t']]))
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    if params['use_tpu']:
+      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=tf.group(
+        optimizer.minimize(loss, tf.compat.v1.train.get_global_step()),
+        core0_x.assign_add(tf.reduce_sum(features['x']))))
+  return model_fn
+
+
+# Per pipeline, derived by hand from TF 2.15's rule (see docs/emulation.md,
+# "Input pipelines"): what input_fn and model_fn get (batch size, and the
+# input_fn context's (invocation index, count, replicas fed)), and the
+# results.  TRAIN, 2 steps in one loop: `w` ends at the 2nd step's mean t,
+# `core0_x` sums core 0's x.  EVAL on the TPU, 2 steps: the metric tensors of
+# the cores, concatenated in core order (t[0] is core 0's first row, t[-1]
+# core 1's last).  PREDICT: t of each example.
+#   PER_HOST_V1: one call, batches of 4 (t 0, 4, ...), core c takes slice c.
+#   PER_HOST_V2: one call, batches of 2 (t 0, 2, 4, ...); core c of step s
+#     takes batch 2s + c: step 0 [0 1 | 2 3], step 1 [4 5 | 6 7].
+#   PER_SHARD_V1: in training one call per core, each sharding the data by its
+#     invocation index: core 0 [0 2], [4 6] (t 0, 4), core 1 [1 3], [5 7]
+#     (t 1, 5); elsewhere PER_HOST_V1's.
+#   BROADCAST: one call, batches of 4, every core takes the whole batch.
+PIPELINE_CASES = {
+    'per_host_v1': dict(
+        pipeline=PIPELINES.PER_HOST_V1,
+        input_fn={'train': [(4, (0, 1, 2))], 'eval': [(4, (0, 1, 2))],
+                  'infer': [(4, (0, 1, 2))]},
+        model_fn={'train': 2, 'eval': 2, 'infer': 4},
+        w=4.0, core0_x=(0 + 1) + (4 + 5),
+        metrics={'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0},
+        predicted=[0] * 4 + [4] * 4 + [8] * 4 + [12] * 4),
+    'per_host_v2': dict(
+        pipeline=PIPELINES.PER_HOST_V2,
+        input_fn={'train': [(2, (0, 1, 2))], 'eval': [(2, (0, 1, 2))],
+                  'infer': [(2, (0, 1, 2))]},
+        model_fn={'train': 2, 'eval': 2, 'infer': 2},
+        w=(4 + 4 + 6 + 6) / 4, core0_x=(0 + 1) + (4 + 5),
+        metrics={'mean_t': (0 + 0 + 2 + 2 + 4 + 4 + 6 + 6) / 8,
+                 'core0_t': (0 + 4) / 2, 'core1_t': (2 + 6) / 2},
+        predicted=[t for t in range(0, 16, 2) for _ in range(2)]),
+    'per_shard_v1': dict(
+        pipeline=PIPELINES.PER_SHARD_V1,
+        input_fn={'train': [(2, (0, 2, 1)), (2, (1, 2, 1))],
+                  'eval': [(4, (0, 1, 2))], 'infer': [(4, (0, 1, 2))]},
+        model_fn={'train': 2, 'eval': 2, 'infer': 4},
+        w=(4 + 4 + 5 + 5) / 4, core0_x=(0 + 2) + (4 + 6),
+        metrics={'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0},
+        predicted=[0] * 4 + [4] * 4 + [8] * 4 + [12] * 4),
+    'broadcast': dict(
+        pipeline=PIPELINES.BROADCAST,
+        input_fn={'train': [(4, (0, 1, 2))], 'eval': [(4, (0, 1, 2))],
+                  'infer': [(4, (0, 1, 2))]},
+        model_fn={'train': 4, 'eval': 4, 'infer': 4},
+        w=4.0, core0_x=(0 + 1 + 2 + 3) + (4 + 5 + 6 + 7),
+        metrics={'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0},
+        predicted=[0] * 4 + [4] * 4 + [8] * 4 + [12] * 4),
+}
+
+
+def _pipeline_estimator(model_dir, pipeline, seen, eval_on_tpu=True):
+  return tpu_fc.TPUEstimator(
+      model_fn=_pipeline_model_fn(seen), use_tpu=True, eval_on_tpu=eval_on_tpu,
+      train_batch_size=4, eval_batch_size=4, predict_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=tpu_fc.TPUConfig(
+          iterations_per_loop=2, num_shards=2,
+          per_host_input_for_training=pipeline)))
+
+
+@pytest.mark.parametrize('case', sorted(PIPELINE_CASES))
+def test_input_pipelines_feed_the_cores_as_tf_2_15s(tmp_path, case):
+  want = PIPELINE_CASES[case]
+  seen = []
+  estimator = _pipeline_estimator(tmp_path, want['pipeline'], seen)
+  estimator.train(_pipeline_input_fn(seen), max_steps=2)
+  assert estimator.get_variable_value('w') == want['w']
+  assert estimator.get_variable_value('core0_x') == want['core0_x']
+  metrics = estimator.evaluate(_pipeline_input_fn(seen), steps=2)
+  assert {name: metrics[name] for name in want['metrics']} == want['metrics']
+  predicted = [p['t'] for p in estimator.predict(_pipeline_input_fn(seen))]
+  assert predicted == want['predicted']
+  for mode in ('train', 'eval', 'infer'):
+    assert [(size, deployment) for kind, seen_mode, size, (deployment, _, _) in
+            (entry for entry in seen if entry[0] == 'input_fn')
+            if seen_mode == mode] == want['input_fn'][mode], mode
+    assert {size for kind, seen_mode, size, _ in seen
+            if kind == 'model_fn' and seen_mode == mode} == {
+                want['model_fn'][mode]}, mode
+  # Every context: one host, this one; the model_fn's: 2 replicas.
+  assert {entry[3][1:] for entry in seen if entry[0] == 'input_fn'} == {(1, 0)}
+  assert {entry[3] for entry in seen if entry[0] == 'model_fn'} == {2}
+  # Evaluation on the CPU (eval_on_tpu=False): input_fn and model_fn once,
+  # the global batch of 4 (t 0, then 4), no context.
+  seen[:] = []
+  on_cpu = _pipeline_estimator(tmp_path, want['pipeline'], seen,
+                               eval_on_tpu=False)
+  metrics = on_cpu.evaluate(_pipeline_input_fn(seen), steps=2)
+  assert {name: metrics[name] for name in want['metrics']} == {
+      'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0}
+  assert seen == [('input_fn', 'eval', 4, None), ('model_fn', 'eval', 4, None)]
+
+
+@pytest.mark.skipif(tpu_fc._tf.TF_VERSION != (2, 15),  # pylint: disable=protected-access
+                    reason="TF's own TPUEstimator is in the legacy lane only")
+@pytest.mark.parametrize('pipeline', [
+    PIPELINES.PER_SHARD_V1, PIPELINES.PER_HOST_V1, PIPELINES.PER_HOST_V2,
+    PIPELINES.BROADCAST])
+@pytest.mark.parametrize('eval_input', [PIPELINES.PER_HOST_V1, PIPELINES.SLICED])
+def test_input_deployment_is_tf_2_15s(pipeline, eval_input):
+  """tpu_fc's deployment of each mode against TF 2.15's own
+  `_InternalTPUContext` on one host of 2 cores (given that system's metadata,
+  as TF's `_OneCoreTPUContext` gives one core's): input_fn and model_fn batch
+  sizes, the context of each input_fn call, and how the cores take batches
+  (TF's branches in `_InputPipeline._invoke_input_fn_and_record_structure`)."""
+  # pylint: disable=g-import-not-at-top,protected-access
+  from tensorflow_estimator.python.estimator.tpu import tpu_context as tf_context
+  from tpu_fc.estimator.tpu import input_pipeline
+
+  class TwoCoreContext(tf_context._InternalTPUContext):
+
+    def _get_tpu_system_metadata(self):
+      return tf.tpu.experimental.TPUSystemMetadata(
+          num_cores=2, num_hosts=1, num_of_cores_per_host=2, topology=None,
+          devices=[])
+
+  tpu = tf.compat.v1.estimator.tpu
+  tf_config = tpu.RunConfig(tpu_config=tpu.TPUConfig(
+      num_shards=2, per_host_input_for_training=pipeline,
+      eval_training_input_configuration=eval_input))
+  ours = tpu_fc.TPUConfig(num_shards=2, per_host_input_for_training=pipeline,
+                          eval_training_input_configuration=eval_input)
+  for mode in (tpu_fc.ModeKeys.TRAIN, tpu_fc.ModeKeys.EVAL,
+               tpu_fc.ModeKeys.PREDICT):
+    deployment = input_pipeline.deployment(ours, mode, 2, 8)
+    with TwoCoreContext(tf_config, 8, 8, 8, use_tpu=True).with_mode(
+        mode) as context:
+      sharded = context.is_input_sharded_per_core()
+      broadcast = context.is_input_broadcast_with_iterators()
+      kind = (input_pipeline.PER_CORE_CALLS if sharded else
+              input_pipeline.WHOLE if broadcast and eval_input != PIPELINES.SLICED
+              else input_pipeline.SPLIT if broadcast else
+              input_pipeline.PER_HOST_V2
+              if context.is_input_per_host_with_iterators() else
+              input_pipeline.SPLIT)
+      assert deployment.kind == kind, mode
+      assert deployment.input_fn_batch_size == context.batch_size_for_input_fn
+      assert deployment.model_fn_batch_size == context.batch_size_for_model_fn
+      for call in range(deployment.input_fn_calls):
+        # (the invocation index as TF's enqueue functions give it)
+        deployed = tf_context.TPUContext(
+            context, invocation_index=call, host_id=0
+        ).current_input_fn_deployment()[1:]
+        assert deployment.context_deployment(call) == deployed, mode
+
+
+# PER_HOST_V2 with embedding features: the engine looks up the cores' batches
+# joined in core order; each core gets the activations of its own batch.
+EMBEDDED_IDS = np.array([[1, 2], [3, 3], [4, 6], [5, 7]] * 4, np.int64)
+EMBEDDED_Y = np.arange(16, dtype=np.float32).reshape(16, 1)
+
+
+def _embedded_estimator(model_dir, pipeline, num_shards):
+  column = tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_identity('ids', 8), 1,
+      initializer=tf.compat.v1.zeros_initializer())
+
+  def model_fn(features, labels, mode, params):
+    del params
+    logits = tf.keras.layers.DenseFeatures([column])(features)
+    loss = tf.reduce_mean(tf.square(logits - labels))
+    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=(
+        tf.compat.v1.tpu.CrossShardOptimizer(
+            tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(
+                loss, tf.compat.v1.train.get_global_step())))
+
+  return tpu_fc.TPUEstimator(
+      model_fn=model_fn, use_tpu=True, train_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=tpu_fc.TPUConfig(
+          iterations_per_loop=2, num_shards=num_shards,
+          per_host_input_for_training=pipeline)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[column],
+          optimization_parameters=tpu_fc.AdagradParameters(0.5)))
+
+
+def _centered_input_fn(params):
+  """Labels centered over each batch input_fn makes (a per-batch step)."""
+  return tf.data.Dataset.from_tensor_slices((EMBEDDED_IDS, EMBEDDED_Y)).batch(
+      params['batch_size'], drop_remainder=True).map(
+          lambda ids, y: ({'ids': tf.sparse.from_dense(ids)},
+                          y - tf.reduce_mean(y))).repeat()
+
+
+def _reassembled_input_fn(params):
+  """The global batches PER_HOST_V2 makes of `_centered_input_fn` on 2 cores,
+  by hand: labels centered over each pair of rows, 4 rows a batch."""
+  pairs = EMBEDDED_Y.reshape(-1, 2)
+  centered = (pairs - pairs.mean(axis=1, keepdims=True)).reshape(-1, 1)
+  return tf.data.Dataset.from_tensor_slices((EMBEDDED_IDS, centered)).batch(
+      params['batch_size'], drop_remainder=True).map(
+          lambda ids, y: ({'ids': tf.sparse.from_dense(ids)}, y)).repeat()
+
+
+def test_per_host_v2_embeddings_train_as_one_core_on_the_joined_batches(
+    tmp_path):
+  """2 cores, PER_HOST_V2, 2 steps: the table is what one core training on
+  the reassembled global batches makes (Adagrad with gradient accumulation:
+  one update of the summed gradients, TPU's rule for several cores), and not
+  what PER_HOST_V1 makes (labels centered over 4 rows)."""
+  tables = {}
+  for name, pipeline, shards, input_fn in (
+      ('v2', PIPELINES.PER_HOST_V2, 2, _centered_input_fn),
+      ('one_core', PIPELINES.PER_HOST_V1, None, _reassembled_input_fn),
+      ('v1', PIPELINES.PER_HOST_V1, 2, _centered_input_fn)):
+    estimator = _embedded_estimator(tmp_path / name, pipeline, shards)
+    estimator.train(input_fn, max_steps=2)
+    tables[name] = estimator.get_variable_value(
+        'dense_features/ids_embedding/embedding_weights')
+  # (float32 sums of an id's 2 to 4 gradients, maybe in another order: a few
+  # roundings of values near 1, far below the 0.1 the pipelines differ by)
+  np.testing.assert_allclose(tables['v2'], tables['one_core'], rtol=1e-6)
+  assert np.abs(tables['v2'] - tables['v1']).max() > 0.1

@@ -3,6 +3,10 @@
 The driver enters `building(mode)` around each model_fn call.  Columns pinned to
 `embedding_lookup_device='cpu'` may look up on the host only in inference graphs
 (evaluation, prediction, export); outside any tpu_fc graph they keep TF's behaviour.
+Around the CPU graphs of a `use_tpu=True` model (its prediction and export, an
+evaluation with `eval_on_tpu=False`) the driver also enters
+`tables_named_as_on_tpu()`: the columns then name their tables as its TPU
+training recorded them, so those graphs restore its checkpoints.
 """
 import contextlib
 import threading
@@ -40,3 +44,12 @@ def current_mode():
 
 def is_inference():
   return current_mode() in (EVAL, PREDICT)
+
+
+def tables_named_as_on_tpu():
+  """Marks the graph built inside as a CPU graph of a model trained on the TPU."""
+  return _setting('tpu_table_names', True)
+
+
+def names_tables_as_on_tpu():
+  return bool(getattr(_state, 'tpu_table_names', False))

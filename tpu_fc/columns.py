@@ -14,6 +14,7 @@ column names, variable names and lookup branches.  What tpu_fc adds:
   an evaluation, prediction or export graph (`tpu_fc.build_context`); in training it
   raises TF's error, as TF 2.15 does.
 """
+import contextlib
 import copy
 
 from tpu_fc import _tf_internals as internals
@@ -267,6 +268,19 @@ def _device_enum(device):
   return {v: k for k, v in _DEVICE_NAMES.items()}[device]
 
 
+def _tpu_table_scope(column, state_manager):
+  """The scope of the name the TPU gives this column's table (see
+  `_record_table_name`): the variable scope `create_state` runs in, below it
+  the layer's and the column's names unless that scope is the column's own
+  (v1 `DenseFeatures`, `SequenceFeatures`)."""
+  scope = tf.compat.v1.get_variable_scope().name
+  if scope.endswith(column.name):
+    return scope
+  layer = getattr(state_manager, '_layer', None)
+  return '/'.join(part for part in (
+      scope, layer.name if layer is not None else None, column.name) if part)
+
+
 def _record_table_name(column, state_manager, validate_scope=False):
   """Records, in TPU mode, the name the CPU path gives this column's table.
 
@@ -291,11 +305,7 @@ def _record_table_name(column, state_manager, validate_scope=False):
     raise ValueError(
         'For embedding var name {}, the variable scope name is different, '
         'got {}; expected {}'.format(var_name, bare_scope, first))
-  scope = bare_scope
-  layer = getattr(state_manager, '_layer', None)
-  if not scope.endswith(column.name):  # SequenceFeatures builds in the column's scope
-    scope = '/'.join(part for part in (
-        scope, layer.name if layer is not None else None, column.name) if part)
+  scope = _tpu_table_scope(column, state_manager)
   if validate_scope and names.get(var_name, (scope,))[0] != scope:
     raise ValueError(
         'Column {} is used by two layers ({} and {}): on the CPU each layer '
@@ -305,6 +315,25 @@ def _record_table_name(column, state_manager, validate_scope=False):
         'towers, or make one column per layer.'.format(
             column.name, names[var_name][0], scope))
   names[var_name] = (scope, naming.COLUMN_TABLE)
+
+
+@contextlib.contextmanager
+def _named_as_on_tpu(column, state_manager):
+  """Around the CPU path's `create_state`: in a CPU graph of a TPU-trained
+  model (`build_context.tables_named_as_on_tpu`), the table gets the name its
+  TPU training recorded.
+
+  TF2's `DenseFeatures` names its variables by the enclosing name scopes (a
+  Keras `Sequential`'s, a subclassed model's, a `tf.name_scope`'s), which a
+  TPU's record, by variable scope, leaves out; the table is made in that
+  record's name scope instead.  (Layers naming by variable scope, v1
+  `DenseFeatures` and `SequenceFeatures`, already give that name.)
+  """
+  if not build_context.names_tables_as_on_tpu():
+    yield
+    return
+  with tf.compat.v1.name_scope(_tpu_table_scope(column, state_manager) + '/'):
+    yield
 
 
 def _in_tpu_mode():
@@ -319,7 +348,8 @@ class EmbeddingColumn(_TpuFcColumnMixin, internals.TPUEmbeddingColumnV2):
       return _record_table_name(
           self, state_manager,
           validate_scope=not self._bypass_scope_validation)
-    return super().create_state(state_manager)
+    with _named_as_on_tpu(self, state_manager):
+      return super().create_state(state_manager)
 
   def _new_args(self):
     return dict(
@@ -364,12 +394,15 @@ class DeviceSpecificEmbeddingColumn(_DeviceMixin,
   def create_state(self, state_manager):
     if self._host_lookup_allowed():
       return internals.fc_lib.EmbeddingColumn.create_state(self, state_manager)
-    if (_in_tpu_mode() and self._embedding_lookup_device ==
-        internals.EmbeddingDevice.TPU_EMBEDDING_CORE):
+    if (self._embedding_lookup_device !=
+        internals.EmbeddingDevice.TPU_EMBEDDING_CORE):  # no TPU record
+      return super().create_state(state_manager)
+    if _in_tpu_mode():
       return _record_table_name(
           self, state_manager,
           validate_scope=not self._bypass_scope_validation)
-    return super().create_state(state_manager)
+    with _named_as_on_tpu(self, state_manager):
+      return super().create_state(state_manager)
 
 
 class SharedEmbeddingColumn(_SharedTpuFcColumnMixin,

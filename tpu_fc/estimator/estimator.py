@@ -609,10 +609,14 @@ class Estimator(object):
 
   def _call_input_fn(self, input_fn, mode):
     """Calls input_fn on the CPU; returns its `input_fn.Input`."""
+    return self._invoke_input_fn(input_fn, mode, self._input_fn_params(mode))
+
+  def _invoke_input_fn(self, input_fn, mode, params):
+    """One call of input_fn, given `params` if it takes them; its `Input`."""
     args = internals.fn_args(input_fn)
     kwargs = {}
     if 'params' in args:
-      kwargs['params'] = self._input_fn_params(mode)
+      kwargs['params'] = params
     if 'config' in args:
       kwargs['config'] = self.config
     if 'mode' in args:

@@ -30,6 +30,17 @@ def log_emulation_once():
         'TPU update rules, model_fn per shard).')
 
 
+# The name scope of what the emulated TPU builds before a model_fn (lookups,
+# per-shard slices, prediction padding): as TF's infeed and dataset functions,
+# it takes no root name, so the model's scopes and variables get the names
+# they get elsewhere (a root `sub` op would make a model named `Sub` `Sub_1`).
+INFEED_SCOPE = 'tpu_fc_infeed'
+
+
+def infeed_scope():
+  return tf.name_scope(INFEED_SCOPE)
+
+
 def predict_padded(build, features, batch_size):
   """The PREDICT graph as TPUEstimator builds it on a TPU: every feature padded
   with zeros to `batch_size` examples (a static batch, the last, short batch
@@ -46,26 +57,28 @@ def predict_padded(build, features, batch_size):
             and leaf.shape.rank]
   if batch_size is None or not leaves:
     return build(features)
-  first = leaves[0]
-  real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
-                 else tf.shape(first)[0], tf.int32)
-  check = tf.debugging.assert_less_equal(
-      real, batch_size,
-      message='The real batch size should not be greater than batch_size.')
-  with tf.control_dependencies([check]):
-    missing = batch_size - real
+  with infeed_scope():
+    first = leaves[0]
+    real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
+                   else tf.shape(first)[0], tf.int32)
+    check = tf.debugging.assert_less_equal(
+        real, batch_size,
+        message='The real batch size should not be greater than batch_size.')
+    with tf.control_dependencies([check]):
+      missing = batch_size - real
 
-  def padded(value):
-    if isinstance(value, tf.SparseTensor):
-      return tf.sparse.reset_shape(value, tf.concat(
-          [[batch_size], value.dense_shape[1:]], axis=0))
-    if not isinstance(value, tf.Tensor) or not value.shape.rank:
-      return value
-    result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
-    result.set_shape([batch_size] + value.shape[1:])
-    return result
+    def padded(value):
+      if isinstance(value, tf.SparseTensor):
+        return tf.sparse.reset_shape(value, tf.concat(
+            [[batch_size], value.dense_shape[1:]], axis=0))
+      if not isinstance(value, tf.Tensor) or not value.shape.rank:
+        return value
+      result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
+      result.set_shape([batch_size] + value.shape[1:])
+      return result
 
-  built = build(tf.nest.map_structure(padded, features))
+    features = tf.nest.map_structure(padded, features)
+  built = build(features)
   return built._replace(spec=built.spec._replace(
       predictions=tf.nest.map_structure(lambda prediction: prediction[:real],
                                         built.spec.predictions)))
@@ -269,12 +282,14 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   steps, activations = [], [{} for _ in range(num_shards)]
   for backend in backends:
     backend.create_variables(training)
-    step, per_shard = backend.lookup(features, num_shards, batch_size)
-    steps.append(step)
-    for shard, values in zip(activations, per_shard):
-      shard.update(values)
-  model_features = lookup_backends.model_features(backends, features,
-                                                  batch_size)
+  with infeed_scope():
+    for backend in backends:
+      step, per_shard = backend.lookup(features, num_shards, batch_size)
+      steps.append(step)
+      for shard, values in zip(activations, per_shard):
+        shard.update(values)
+    model_features = lookup_backends.model_features(backends, features,
+                                                    batch_size)
   _check_static_shapes(model_features, 'features')
   if labels is not None:
     _check_static_shapes(labels, 'labels')
@@ -285,11 +300,13 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
     return replication.split_batch(value, num_shards, shard, name)
 
   def build_shard(shard):
-    shard_features = slice_of(model_features, shard, 'features')
+    with infeed_scope():
+      shard_features = slice_of(model_features, shard, 'features')
+      shard_labels = slice_of(labels, shard)
     if activations[shard]:
       shard_features.update(activations[shard])
     with build_context.building(mode):
-      return call_model_fn(shard_features, slice_of(labels, shard))
+      return call_model_fn(shard_features, shard_labels)
 
   raw_specs = replication.replicate(
       build_shard, num_shards, [creator for backend in backends

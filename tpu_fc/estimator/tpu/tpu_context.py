@@ -2,21 +2,32 @@
 
 Input pipelines read it to shard their data (`current_input_fn_deployment()`,
 `current_host`, `num_hosts`) and model_fns to size per-replica work
-(`num_replicas`, `device_assignment`); the values describe the emulated system.
+(`num_replicas`, `device_assignment`); the values describe the emulated system,
+and an input_fn call's deployment is TF 2.15's for the input pipeline
+(`input_pipeline`).
 """
+
+_HOST_DEVICE = '/job:localhost/replica:0/task:0/device:CPU:0'
 
 
 class TPUContext:
-  """The legacy `TPUContext` of an emulated TPU system with one host."""
+  """The legacy `TPUContext` of an emulated TPU system with one host.
 
-  def __init__(self, num_replicas, call_from_input_fn,
+  Args:
+    num_replicas: the emulated cores.
+    input_fn_deployment: for an input_fn's context, its call's (invocation
+      index, invocation count, replicas it feeds); None for a model_fn's.
+    num_cores_per_replica: TPUConfig's (model parallelism, not emulated).
+  """
+
+  def __init__(self, num_replicas, input_fn_deployment=None,
                num_cores_per_replica=None):
     self._num_replicas = num_replicas
-    self._call_from_input_fn = call_from_input_fn
+    self._input_fn_deployment = input_fn_deployment
     self._num_cores_per_replica = num_cores_per_replica
 
   def _require_input_fn(self):
-    if not self._call_from_input_fn:
+    if self._input_fn_deployment is None:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' model_fn.')
 
@@ -25,7 +36,7 @@ class TPUContext:
     """None, as TF 2.15's without model parallelism (`tpu_context.py`, lines
     193-202 and 418-420): TPUConfig.num_cores_per_replica, which would assign
     each replica's cores, is not emulated."""
-    if self._call_from_input_fn:
+    if self._input_fn_deployment is not None:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' input_fn.')
     if self._num_cores_per_replica:
@@ -39,8 +50,7 @@ class TPUContext:
   def current_input_fn_deployment(self):
     """(host device, invocation index, invocation count, replicas fed)."""
     self._require_input_fn()
-    return ('/job:localhost/replica:0/task:0/device:CPU:0', 0, 1,
-            self._num_replicas)
+    return (_HOST_DEVICE,) + tuple(self._input_fn_deployment)
 
   @property
   def num_replicas(self):

@@ -24,6 +24,7 @@ from tpu_fc.estimator import run_config
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
 from tpu_fc.estimator.model_fn import ModeKeys
 from tpu_fc.estimator.tpu import emulation
+from tpu_fc.estimator.tpu import input_pipeline
 from tpu_fc.estimator.tpu import loops
 from tpu_fc.estimator.tpu import replication
 from tpu_fc.estimator.tpu import tpu_config
@@ -228,12 +229,12 @@ class TPUEstimator(estimator.Estimator):
     `_augment_model_fn`'s export mode, lines 3157-3201, and
     `_call_model_fn`, 2014-2076).  PREDICT looks up every embedding on the
     CPU, its ids cut as a TPU enqueues them."""
-    params = self._params_for(mode, use_tpu=False)
-    params.pop(_BATCH_SIZE_KEY, None)  # serving batches vary, as in TF
+    params = self._params_for(None, use_tpu=False)  # serving batches vary
     if mode == ModeKeys.PREDICT:
-      features = lookup_backends.model_features(
-          self._backends(mode, on_tpu=self._use_tpu, serving=True),
-          features, None)
+      with emulation.infeed_scope():
+        features = lookup_backends.model_features(
+            self._backends(mode, on_tpu=self._use_tpu, serving=True),
+            features, None)
     with build_context.building(mode), replication.one_replica():
       return to_estimator_spec(self._call_model_fn(
           features, labels, mode, config, params))
@@ -366,34 +367,36 @@ class TPUEstimator(estimator.Estimator):
       with build_context.building(mode), replication.one_replica():
         return model_fn_lib.BuiltGraph(to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
-            self._params_for(mode, use_tpu=False))))
+            self._params_for(self._batch_sizes[mode], use_tpu=False))))
     backends = self._backends(mode, on_tpu=True)
-    if (mode == ModeKeys.PREDICT and
-        lookup_backends.predicts_in_model_graph(backends)):
-      _check_predict_ids_untransformed(features, self._embedding_config_spec)
-      with build_context.building(mode):
-        return emulation.predict_padded(
-            lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
-                self._call_model_fn(f, labels, mode, config,
-                                    self._params_for(mode, use_tpu=True)))),
-            lookup_backends.model_features(backends, features, None),
-            self._batch_sizes[mode])
-    if mode == ModeKeys.PREDICT:  # looked up by the host engine, one shard
-      params = self._params_for(mode, use_tpu=True)
+    pipeline = self._deployment(mode)
+    if mode == ModeKeys.PREDICT:
+      # One model run per batch of the input (a core's under PER_HOST_V2).
+      batch_size = pipeline.input_fn_batch_size
+      params = self._model_fn_params(batch_size)
+      if lookup_backends.predicts_in_model_graph(backends):
+        _check_predict_ids_untransformed(features, self._embedding_config_spec)
+        with emulation.infeed_scope():
+          features = lookup_backends.model_features(backends, features, None)
+        with build_context.building(mode):
+          return emulation.predict_padded(
+              lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
+                  self._call_model_fn(f, labels, mode, config, params))),
+              features, batch_size)
+      # looked up by the host engine, one shard
       return emulation.predict_padded(
           lambda f: emulation.build(
               lambda f, l: self._call_model_fn(f, l, mode, config, params),
-              f, labels, mode, backends, 1, self._batch_sizes[mode]),
-          features, self._batch_sizes[mode])
+              f, labels, mode, backends, 1, batch_size),
+          features, batch_size)
     num_shards = self._num_shards()
-    broadcast = self._broadcasts_input()
-    self._check_batch_divisible(mode, 1 if broadcast else num_shards)
-    params = self._params_for(mode, use_tpu=True,
-                              num_shards=1 if broadcast else num_shards)
+    whole_batch = pipeline.kind == input_pipeline.WHOLE
+    self._check_batch_divisible(mode, 1 if whole_batch else num_shards)
+    params = self._model_fn_params(pipeline.model_fn_batch_size)
     return emulation.build(
         lambda f, l: self._call_model_fn(f, l, mode, config, params),
         features, labels, mode, backends, num_shards, self._batch_sizes[mode],
-        broadcast,
+        whole_batch,
         aggregate_rows=sync.aggregate_rows if sync is not None else None,
         loop_body=loop_body)
 
@@ -441,13 +444,14 @@ class TPUEstimator(estimator.Estimator):
     if mode in names and self._batch_sizes[mode] is None:
       raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
                        'is running on TPU.'.format(*names[mode]))
-    if mode == ModeKeys.PREDICT and not self._broadcasts_input():
-      self._check_batch_divisible(mode, self._num_shards())  # (one predicts)
+    if (mode == ModeKeys.PREDICT and
+        self._deployment(mode).kind != input_pipeline.WHOLE):
+      self._check_batch_divisible(mode, self._num_shards())
 
-  def _broadcasts_input(self):
-    """`InputPipelineConfig.BROADCAST`: every shard gets the whole batch."""
-    return (self._config.tpu_config.per_host_input_for_training ==
-            InputPipelineConfig.BROADCAST)
+  def _deployment(self, mode):
+    """How input_fn feeds the emulated cores in `mode` (`input_pipeline`)."""
+    return input_pipeline.deployment(self._config.tpu_config, mode,
+                                     self._num_shards(), self._batch_sizes[mode])
 
   def _check_batch_divisible(self, mode, num_shards):
     batch_size = self._batch_sizes[mode]
@@ -461,31 +465,32 @@ class TPUEstimator(estimator.Estimator):
     return not self._use_tpu or (mode == ModeKeys.EVAL and
                                  not self._eval_on_tpu)
 
-  def _params_for(self, mode, use_tpu=None, num_shards=1):
-    """A fresh copy of params with the mode's batch size (per shard), when given.
-
-    `params['use_tpu']` is set for model_fn calls (use_tpu not None) only, and
-    `params['context']` for model_fn calls on the emulated TPU.
-    """
+  def _params_for(self, batch_size, use_tpu=None, context=None):
+    """A fresh copy of params with `batch_size` (unless None); `use_tpu` for
+    model_fn calls (unless None) and `context` (unless None)."""
     params = copy.deepcopy(self._params)
-    if self._batch_sizes[mode] is not None:
-      estimator.add_item_to_params(params, _BATCH_SIZE_KEY,
-                                   self._batch_sizes[mode] // num_shards)
+    if batch_size is not None:
+      estimator.add_item_to_params(params, _BATCH_SIZE_KEY, batch_size)
     if use_tpu is not None:
       estimator.add_item_to_params(params, _USE_TPU_KEY, use_tpu)
-    if use_tpu:
-      self._add_tpu_context(params, mode, call_from_input_fn=False)
+    if context is not None:
+      estimator.add_item_to_params(params, _CONTEXT_KEY, context)
     return params
 
-  def _add_tpu_context(self, params, mode, call_from_input_fn):
-    """`params['context']` in emulated TPU training and evaluation, as on a TPU."""
-    if not self._running_on_cpu(mode) and mode != ModeKeys.PREDICT:
-      estimator.add_item_to_params(params, _CONTEXT_KEY, tpu_context.TPUContext(
-          self._num_shards(), call_from_input_fn,
-          self._config.tpu_config.num_cores_per_replica))
+  def _model_fn_params(self, batch_size):
+    """params of a model_fn call on the emulated TPU, `params['context']`
+    describing the emulated system, as on a TPU."""
+    return self._params_for(batch_size, use_tpu=True,
+                            context=tpu_context.TPUContext(
+                                self._num_shards(), num_cores_per_replica=(
+                                    self._config.tpu_config
+                                    .num_cores_per_replica)))
 
   def _call_input_fn(self, input_fn, mode):
-    """TPUEstimator's checks, then the Estimator's call of input_fn."""
+    """TPUEstimator's checks, then input_fn called as the mode's input
+    pipeline calls it (`input_pipeline`): on the emulated TPU, once per core
+    (PER_SHARD_V1 training) or once, each step's batches joined in core
+    order."""
     if 'params' not in internals.fn_args(input_fn):
       raise ValueError('input_fn ({}) does not include params argument, '
                        'required by TPUEstimator to pass batch size as '
@@ -497,12 +502,35 @@ class TPUEstimator(estimator.Estimator):
         InputPipelineConfig.SLICED):
       raise ValueError('Invalid TPUConfig `eval_training_input_configuration`'
                        ' value. SLICED mode only works on use_tpu = True.')
-    return super()._call_input_fn(input_fn, mode)
+    if self._running_on_cpu(mode):
+      return super()._call_input_fn(input_fn, mode)
+    pipeline = self._deployment(mode)
+    calls = [pipeline.checked(self._invoke_input_fn(
+        input_fn, mode, self._input_fn_params(mode, invocation)))
+             for invocation in range(pipeline.input_fn_calls)]
+    # (PREDICT runs the model once per batch of the input)
+    return input_pipeline.per_step_input(
+        calls, 1 if mode == ModeKeys.PREDICT else pipeline.batches_per_call)
 
-  def _input_fn_params(self, mode):
-    params = self._params_for(mode)
-    self._add_tpu_context(params, mode, call_from_input_fn=True)
-    return params
+  def _input_fn_params(self, mode, invocation=0):
+    """On the TPU, as TF 2.15 gives them per input pipeline: the batch size
+    of each input_fn call and a `context` saying which call it is."""
+    if self._running_on_cpu(mode):
+      return self._params_for(self._batch_sizes[mode])
+    pipeline = self._deployment(mode)
+    return self._params_for(
+        pipeline.input_fn_batch_size,
+        context=tpu_context.TPUContext(
+            self._num_shards(), pipeline.context_deployment(invocation)))
+
+  def _call_model_fn(self, features, labels, mode, config, params):
+    """The Estimator's call; with use_tpu=True the CPU graphs (prediction,
+    export, evaluation with eval_on_tpu=False) name the tables as the TPU's
+    training recorded them, so they restore its checkpoints (with
+    use_tpu=False every name is TF 2.15's CPU name)."""
+    with (build_context.tables_named_as_on_tpu() if self._use_tpu else
+          contextlib.nullcontext()):
+      return super()._call_model_fn(features, labels, mode, config, params)
 
   def _check_model_fn_without_params(self):
     raise ValueError('model_fn ({}) does not include params argument, '

@@ -1,0 +1,152 @@
+"""How input_fn feeds the emulated TPU's cores: TF 2.15's `_InputPipeline` on
+one host.
+
+`TPUConfig.per_host_input_for_training`, and outside training
+`eval_training_input_configuration`, decide it as tensorflow-estimator 2.15
+does (`tpu_context.py`: `_InternalTPUContext.is_input_sharded_per_core`,
+`is_input_per_host_with_iterators`, `is_input_broadcast_with_iterators`,
+`batch_size_for_input_fn`, `batch_size_for_model_fn`; `tpu_estimator.py`:
+`_InputPipeline._invoke_input_fn_and_record_structure` and the
+`generate_*_enqueue_ops_fn*` it calls):
+
+* `PER_SHARD_V1`, training: input_fn is called once per core, each call with
+  the core's batch size and its invocation index, and core c takes call c's
+  batches (features and labels, not a Dataset, as TF requires).
+* `PER_HOST_V2`: input_fn is called once with the core's batch size and
+  must return a Dataset; core c of step s takes its batch s * cores + c.
+* `BROADCAST`: input_fn is called once with the global batch size; every
+  core takes the whole batch (its slice when `eval_training_input_configuration`
+  is `SLICED`, in every mode, as TF's broadcast enqueue reads that setting).
+* `PER_HOST_V1` (the default), `PER_SHARD_V1` outside training, and
+  evaluation or prediction with `eval_training_input_configuration=SLICED`:
+  input_fn is called once with the global batch size (one host); core c
+  takes slice c of each batch.
+
+The embedding engine looks up a step's global batch: the cores' batches,
+joined in core order (`per_step_input`), which the emulation slices back
+into each core's own.
+"""
+import collections
+
+from tpu_fc._tf import tf
+from tpu_fc.estimator import input_fn as input_fn_lib
+from tpu_fc.estimator.model_fn import ModeKeys
+from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
+
+
+# How the cores take their batches.
+PER_CORE_CALLS = 'per_core_calls'  # core c: input_fn call c's batches
+SPLIT = 'split'                    # core c: slice c of each batch
+PER_HOST_V2 = 'per_host_v2'        # core c of step s: batch s * cores + c
+WHOLE = 'whole'                    # every core: the whole batch
+
+
+class Deployment(collections.namedtuple('Deployment', [
+    'kind', 'num_cores', 'input_fn_batch_size', 'model_fn_batch_size'])):
+  """The input of one mode on the emulated TPU: how the cores take their
+  batches (`kind`), and `params['batch_size']` of input_fn and model_fn
+  (None without a configured batch size)."""
+
+  @property
+  def input_fn_calls(self):
+    return self.num_cores if self.kind == PER_CORE_CALLS else 1
+
+  @property
+  def batches_per_call(self):
+    """Batches each input_fn call's input gives a step."""
+    return self.num_cores if self.kind == PER_HOST_V2 else 1
+
+  def context_deployment(self, invocation):
+    """`TPUContext.current_input_fn_deployment()` of an input_fn call, without
+    the device: (invocation index, invocation count, replicas it feeds)."""
+    if self.kind == PER_CORE_CALLS:
+      return invocation, self.num_cores, 1
+    return 0, 1, self.num_cores
+
+  def checked(self, given):
+    """`given`, an input_fn call's `input_fn.Input`; TF's TypeError for the
+    kind of result the deployment cannot take."""
+    if self.kind == PER_CORE_CALLS and given.from_dataset:
+      raise TypeError(  # (TF's two spaces and "yet ... yet")
+          '`input_fn` returning `Dataset`  is not yet supported in '
+          'per-Core input pipeline deployment yet. Please set '
+          'TPUConfig.per_host_input_for_training to True or return '
+          '`features` and `labels` from `input_fn`')
+    if self.kind == PER_HOST_V2 and not given.from_dataset:
+      raise TypeError('`input_fn` must return a `Dataset` for the PER_HOST_V2 '
+                      'input pipeline configuration.')
+    return given
+
+
+def deployment(tpu_config, mode, num_cores, global_batch_size):
+  """The `Deployment` of `mode` on `num_cores` emulated cores of one host."""
+  pipeline = tpu_config.per_host_input_for_training
+  sliced_config = (tpu_config.eval_training_input_configuration ==
+                   InputPipelineConfig.SLICED)
+  sliced = mode != ModeKeys.TRAIN and sliced_config
+  broadcast = pipeline == InputPipelineConfig.BROADCAST or sliced
+  if mode == ModeKeys.TRAIN and pipeline == InputPipelineConfig.PER_SHARD_V1:
+    kind = PER_CORE_CALLS
+  elif broadcast:
+    kind = SPLIT if sliced_config else WHOLE
+  elif pipeline == InputPipelineConfig.PER_HOST_V2:
+    kind = PER_HOST_V2
+  else:
+    kind = SPLIT
+
+  def per_core(batch_size):
+    return None if batch_size is None else batch_size // num_cores
+
+  return Deployment(
+      kind, num_cores,
+      input_fn_batch_size=(per_core(global_batch_size) if kind in (
+          PER_CORE_CALLS, PER_HOST_V2) else global_batch_size),
+      model_fn_batch_size=(global_batch_size if broadcast and not sliced else
+                           per_core(global_batch_size)))
+
+
+def _joined(batches):
+  """Batches of one structure (features, or labels: None), joined along the
+  batch dimension."""
+  if batches[0] is None:
+    return None
+
+  def join(*values):
+    if isinstance(values[0], tf.SparseTensor):
+      return tf.sparse.concat(0, list(values), expand_nonconcat_dims=True)
+    return tf.concat(list(values), axis=0)
+
+  return tf.nest.map_structure(join, *batches)
+
+
+def _cores_in_order(next_batches):
+  """`() -> the step's batch`: each core's `next_batch()` taken in core order
+  (control dependencies, as TF's PER_HOST_V2 enqueue orders its get_next
+  calls), joined into one batch."""
+  def next_batch():
+    batches, previous = [], []
+    for take in next_batches:
+      with tf.control_dependencies(previous):
+        batch = take()
+      batches.append(batch)
+      previous = [tensor for tensor in tf.nest.flatten(
+          batch, expand_composites=True) if isinstance(tensor, tf.Tensor)]
+    features, labels = zip(*batches)
+    return _joined(features), _joined(labels)
+  return next_batch
+
+
+def per_step_input(inputs, batches_per_call):
+  """The `input_fn.Input` whose every batch is a step's: the batches of the
+  input_fn calls' `inputs`, `batches_per_call` from each, in core order."""
+  if len(inputs) == 1 and batches_per_call == 1:
+    return inputs[0]
+  takes = [given for given in inputs for _ in range(batches_per_call)]
+  per_step = None
+  if all(given.next_batch_per_step for given in inputs):
+    per_step = _cores_in_order([given.next_batch_per_step for given in takes])
+  return input_fn_lib.Input(
+      next_batch=_cores_in_order([given.next_batch for given in takes]),
+      hooks=[hook for given in inputs for hook in given.hooks],
+      from_dataset=any(given.from_dataset for given in inputs),
+      next_batch_per_step=per_step)
