@@ -11,12 +11,17 @@ hold `embedding/<table>/.ATTRIBUTES/VARIABLE_VALUE` and
 slots) is carried under its legacy name in a `dense` dict, the global step as
 `global_step`, and the legacy table names as `legacy_table_names`, so converting
 back reproduces the original checkpoint's names and values bit for bit.
+
+The command line's `convert-checkpoint` and `inspect` call these functions.
 """
+from __future__ import annotations
+
 import importlib
 import json
 import os
 import re
 import sys
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -46,7 +51,11 @@ _TPU_ONLY_SLOT_SUFFIXES = ('Adam/m', 'RMSProp/ms', 'AdagradMomentum/Accumulator'
 
 
 class CheckpointConversionError(ValueError):
-  """A checkpoint that does not map onto the spec; nothing was written."""
+  """A checkpoint that does not map onto the spec; nothing was written.
+
+  Raised by the conversions for what cannot map (its message names the table,
+  the variable and what to do), never silently dropped; a `ValueError`.
+  """
 
 
 def _check_destination(source, destination, kind):
@@ -259,9 +268,18 @@ def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots)
   return table_values, [legacy_name] + list(expected)
 
 
-def to_mid_level_checkpoint(spec, source, destination, table_names=None,
-                            fresh_slots=False):
+def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
+                            destination: str,
+                            table_names: Mapping[str, str] | None = None,
+                            fresh_slots: bool = False) -> str:
   """Converts a legacy checkpoint into a mid-level object checkpoint.
+
+  What `tf.train.Checkpoint(embedding=TPUEmbedding(...))` reads:
+  `embedding/<table>` and its slots for the embedding-core tables of
+  `spec.to_mid_level()`, `tensor_core/<table>` for its tensor-core tables;
+  every other variable under its legacy name in `dense`, with `global_step`
+  and the legacy table names, so `to_legacy_checkpoint` gives the original
+  back bit for bit.
 
   Args:
     spec: the model's `EmbeddingConfigSpec`.
@@ -278,9 +296,14 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
     The written checkpoint prefix.
 
   Raises:
-    CheckpointConversionError: a table is missing, ambiguous or of another shape,
-      or a slot of the target optimizer is missing, or the source holds slots the
-      target optimizer lacks.
+    CheckpointConversionError: no checkpoint at `source`, a source that is
+      already mid-level, a destination that is a file, the directory read
+      from or a legacy model_dir, a `table_names` key that is no table of the
+      spec, a table missing, ambiguous or of another shape, a slot of the
+      target optimizer missing (without `fresh_slots`), or slots the target
+      optimizer lacks.
+    NotImplementedError: an optimizer without a mid-level twin
+      (`EmbeddingConfigSpec.to_mid_level`).
   """
   _check_destination(source, destination, 'mid-level')
   _, values = _read(source)
@@ -338,13 +361,35 @@ def to_mid_level_checkpoint(spec, source, destination, table_names=None,
 # Mid-level -> legacy -------------------------------------------------------------
 
 
-def to_legacy_checkpoint(spec, source, destination, table_names=None):
+def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
+                         destination: str,
+                         table_names: Mapping[str, str] | None = None) -> str:
   """Converts a mid-level object checkpoint into a legacy (TPUEstimator) one.
 
   Table names are those recorded when the checkpoint was converted from legacy,
   else `table_names`, else the names a `DenseFeatures` model gives them.
   Returns the written prefix `destination/model.ckpt-<global step>`, with a
   `checkpoint` file so `TPUEstimator(model_dir=destination)` resumes from it.
+
+  Args:
+    spec: the model's `EmbeddingConfigSpec`.
+    source: a mid-level checkpoint prefix, or a directory (its latest
+      checkpoint), holding the tables under the root key `embedding`.
+    destination: the model_dir to write to; its earlier checkpoints stay
+      listed.
+    table_names: optional {table name: legacy variable name}, taking
+      precedence over the recorded names.
+
+  Returns:
+    The written checkpoint prefix.
+
+  Raises:
+    CheckpointConversionError: no checkpoint at `source`, a source that is
+      not mid-level (also an object-based one without the `embedding` key), a
+      destination that is a file or the directory read from, one holding a
+      checkpoint of this global step or later, a `table_names` key that is no
+      table of the spec, or a table, slot or tensor-core table missing or of
+      another shape.
   """
   _check_destination(source, destination, 'legacy')
   _, values = _read(source)
@@ -472,13 +517,33 @@ def _file_size(prefix):
              if name.startswith(base + '.'))
 
 
-def inspect_checkpoint(path, spec=None):
+def inspect_checkpoint(path: str,
+                       spec: spec_lib.EmbeddingConfigSpec | None = None
+                       ) -> dict[str, Any]:
   """What a checkpoint holds: format, global step, tables with slots, dense variables.
 
   Without a spec, tables are the rank-2 variables named like feature-column tables
   (`.../embedding_weights`, `..._shared_embedding`) or owning TPU-only slots
   (`_TPU_ONLY_SLOT_SUFFIXES`: `Adam/m`, `RMSProp/ms`, ...); with one, exactly
   the spec's tables.
+
+  Args:
+    path: a checkpoint prefix, or a model_dir (its latest checkpoint); legacy
+      or mid-level.
+    spec: the model's `EmbeddingConfigSpec`, which names the tables of a
+      legacy checkpoint; None: found by their names, as above.
+
+  Returns:
+    A dict (what `tpu-fc inspect --json` prints): `checkpoint` (the prefix),
+    `format` ('legacy', 'mid-level' or 'object-based, no embedding/ key'),
+    `global_step` (None if absent), `tables` (each `name`, `shape`, `slots`:
+    slot name -> shape, and `optimizer`: the one whose slots these are, or
+    'unknown (...)'), `dense_variables` (each `name`, `shape`, `dtype`) and
+    `size_bytes` (of the checkpoint's files).
+
+  Raises:
+    CheckpointConversionError: no checkpoint at `path`, or, with a spec, a
+      table of it missing or ambiguous in the checkpoint.
   """
   prefix, values = _read(path)
   mid_level = _is_mid_level(values)

@@ -13,9 +13,16 @@ column names, variable names and lookup branches.  What tpu_fc adds:
 * a column on `embedding_lookup_device='cpu'` looks up on the host when tpu_fc builds
   an evaluation, prediction or export graph (`tpu_fc.build_context`); in training it
   raises TF's error, as TF 2.15 does.
+
+Put the columns in a model_fn's `tf.keras.layers.DenseFeatures` (TF's
+`input_layer` refuses shared columns) or `SequenceFeatures` (sequence columns),
+and in `EmbeddingConfigSpec(feature_columns=...)`.
 """
+from __future__ import annotations
+
 import contextlib
 import copy
+from typing import Any, Callable, Sequence
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
@@ -33,15 +40,16 @@ _DEVICE_NAMES = {
 TENSOR_CORE_MASK_KEY_SUFFIX = internals.TENSOR_CORE_MASK_KEY_SUFFIX
 
 
-def embedding_column(categorical_column,
-                     dimension,
-                     combiner='mean',
-                     initializer=None,
-                     max_sequence_length=0,
-                     learning_rate_fn=None,
-                     embedding_lookup_device=None,
-                     tensor_core_shape=None,
-                     use_safe_embedding_lookup=True):
+def embedding_column(categorical_column: Any,
+                     dimension: int,
+                     combiner: str = 'mean',
+                     initializer: Callable[..., Any] | None = None,
+                     max_sequence_length: int = 0,
+                     learning_rate_fn: Callable[[Any], Any] | None = None,
+                     embedding_lookup_device: str | None = None,
+                     tensor_core_shape: Sequence[int | None] | None = None,
+                     use_safe_embedding_lookup: bool = True
+                     ) -> EmbeddingColumn | DeviceSpecificEmbeddingColumn:
   """TPU embedding column; same contract as TF 2.15's `tpu.experimental.embedding_column`.
 
   Args:
@@ -54,9 +62,10 @@ def embedding_column(categorical_column,
     initializer: the table's initializer; default truncated normal with
       stddev 1/sqrt(dimension).
     max_sequence_length: 0 for a pooled feature; else the sequence length the
-      TPU pads or cuts each example's ids to (sequence columns only).
+      TPU pads or cuts each example's ids to (sequence columns only, which
+      need it > 0).
     learning_rate_fn: `global_step -> learning rate` for this table, in place
-      of the optimizer's.
+      of the optimizer's; None: the optimizer's.
     embedding_lookup_device: None (train on the embedding core, serve on the
       CPU), 'cpu', 'tpu_tensor_core' or 'tpu_embedding_core' (tpu_fc's lookup
       paths: README, "What runs where").
@@ -68,7 +77,17 @@ def embedding_column(categorical_column,
 
   Returns:
     An `EmbeddingColumn` (or `DeviceSpecificEmbeddingColumn` when
-    `embedding_lookup_device` is set).
+    `embedding_lookup_device` is set): a subclass of TF's own TPU embedding
+    column, named `<categorical column's name>_embedding`.
+
+  Raises:
+    TypeError: `categorical_column` of a type TF's TPU columns do not take.
+    ValueError: `dimension` None or < 1, a `tensor_core_shape` not of two
+      elements, an `initializer` that is not callable, another
+      `embedding_lookup_device`, 'tpu_tensor_core' without
+      `tensor_core_shape` or on a sequence column, or a
+      `max_sequence_length` that does not fit the column (> 0 for sequence
+      columns, 0 for others).
   """
   checked = internals.tpu_embedding_column_v2(
       categorical_column, dimension, combiner=combiner, initializer=initializer,
@@ -91,16 +110,18 @@ def embedding_column(categorical_column,
       tensor_core_shape=tensor_core_shape, **arguments)
 
 
-def shared_embedding_columns(categorical_columns,
-                             dimension,
-                             combiner='mean',
-                             initializer=None,
-                             shared_embedding_collection_name=None,
-                             max_sequence_lengths=None,
-                             learning_rate_fn=None,
-                             embedding_lookup_device=None,
-                             tensor_core_shape=None,
-                             use_safe_embedding_lookup=True):
+def shared_embedding_columns(
+    categorical_columns: Sequence[Any],
+    dimension: int,
+    combiner: str = 'mean',
+    initializer: Callable[..., Any] | None = None,
+    shared_embedding_collection_name: str | None = None,
+    max_sequence_lengths: Sequence[int] | None = None,
+    learning_rate_fn: Callable[[Any], Any] | None = None,
+    embedding_lookup_device: str | None = None,
+    tensor_core_shape: Sequence[int | None] | None = None,
+    use_safe_embedding_lookup: bool = True
+) -> list[SharedEmbeddingColumn | SharedDeviceSpecificEmbeddingColumn]:
   """TPU shared embedding columns; same contract as TF 2.15's.
 
   Args:
@@ -117,6 +138,12 @@ def shared_embedding_columns(categorical_columns,
   Returns:
     A list of `SharedEmbeddingColumn` (or `SharedDeviceSpecificEmbeddingColumn`), in
     the order of `categorical_columns`, all reading one table.
+
+  Raises:
+    TypeError: a categorical column of a type TF's TPU columns do not take.
+    ValueError: `max_sequence_lengths` of another length than
+      `categorical_columns`, columns of different numbers of buckets, and
+      `embedding_column`'s checks of the other arguments.
   """
   checked = internals.tpu_shared_embedding_columns_v2(
       categorical_columns, dimension, combiner=combiner, initializer=initializer,

@@ -4,8 +4,15 @@ Serving input receivers and their builders keep tensorflow_estimator's contract;
 export output classes are TF core's own (`tensorflow.python.saved_model.model_utils`).
 `tpu_fc.install()` binds this module as `tf.estimator.export` and
 `tf.compat.v1.estimator.export`.
+
+`ClassificationOutput`, `EvalOutput`, `ExportOutput`, `PredictOutput` and
+`RegressionOutput` here are TF core's classes (what `tf.estimator.export` held):
+an `EstimatorSpec`'s `export_outputs` values.
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Callable, Mapping
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
@@ -64,10 +71,25 @@ def _checked_alternatives(alternatives):
 class ServingInputReceiver(collections.namedtuple(
     'ServingInputReceiver',
     ['features', 'receiver_tensors', 'receiver_tensors_alternatives'])):
-  """What a serving_input_receiver_fn returns: features for the model, inputs to feed."""
+  """What a serving_input_receiver_fn returns: features for the model, inputs to feed.
 
-  def __new__(cls, features, receiver_tensors,
-              receiver_tensors_alternatives=None):
+  Args:
+    features: what the model_fn gets as `features`: a tensor (`SparseTensor`,
+      `RaggedTensor`), wrapped into `{'feature': tensor}`, or a dict of them
+      by string or int key.
+    receiver_tensors: the tensors a request feeds (the signature's inputs): a
+      tensor, wrapped into `{'input': tensor}`, or a dict of them by string.
+    receiver_tensors_alternatives: None, or signature name -> receiver
+      tensors (a tensor or dict), each an extra signature feeding the same
+      features.
+
+  Raises:
+    ValueError: `features` or `receiver_tensors` None, a value that is no
+      tensor, a key of another type, or alternatives that are no dict.
+  """
+
+  def __new__(cls, features: Any, receiver_tensors: Any,
+              receiver_tensors_alternatives: Mapping[str, Any] | None = None):
     return super().__new__(
         cls,
         features=wrap_and_check_input_tensors(features, 'feature',
@@ -81,10 +103,21 @@ class ServingInputReceiver(collections.namedtuple(
 class TensorServingInputReceiver(collections.namedtuple(
     'TensorServingInputReceiver',
     ['features', 'receiver_tensors', 'receiver_tensors_alternatives'])):
-  """A receiver whose single feature goes to the model as is, not in a dict."""
+  """A receiver whose single feature goes to the model as is, not in a dict.
 
-  def __new__(cls, features, receiver_tensors,
-              receiver_tensors_alternatives=None):
+  Args:
+    features: one tensor (`SparseTensor`, `RaggedTensor`), the model_fn's
+      `features`.
+    receiver_tensors, receiver_tensors_alternatives: as in
+      `ServingInputReceiver`.
+
+  Raises:
+    ValueError: `features` None or no tensor, and `ServingInputReceiver`'s
+      checks.
+  """
+
+  def __new__(cls, features: Any, receiver_tensors: Any,
+              receiver_tensors_alternatives: Mapping[str, Any] | None = None):
     if features is None:
       raise ValueError('features must be defined.')
     _check_tensor(features, None, 'feature')
@@ -100,9 +133,21 @@ class SupervisedInputReceiver(collections.namedtuple(
     'SupervisedInputReceiver', ['features', 'labels', 'receiver_tensors'])):
   """What a TRAIN or EVAL input_receiver_fn returns (for
   `experimental_export_all_saved_models`): features and labels for the
-  model, inputs to feed."""
+  model, inputs to feed.
 
-  def __new__(cls, features, labels, receiver_tensors):
+  Args:
+    features: the model_fn's `features`, kept as given: a tensor or a dict of
+      tensors by string or int key.
+    labels: the model_fn's `labels`, likewise.
+    receiver_tensors: the tensors a request feeds, as in
+      `ServingInputReceiver`.
+
+  Raises:
+    ValueError: a field None, a value that is no tensor, or a key of another
+      type.
+  """
+
+  def __new__(cls, features: Any, labels: Any, receiver_tensors: Any):
     # (features and labels are checked, and kept as given: a tensor or dict)
     wrap_and_check_input_tensors(features, 'feature', allow_int_keys=True)
     wrap_and_check_input_tensors(labels, 'label', allow_int_keys=True)
@@ -112,9 +157,21 @@ class SupervisedInputReceiver(collections.namedtuple(
                                                       'receiver_tensor'))
 
 
-def build_parsing_serving_input_receiver_fn(feature_spec,
-                                            default_batch_size=None):
-  """A receiver_fn parsing serialized `tf.Example`s with `feature_spec`."""
+def build_parsing_serving_input_receiver_fn(
+    feature_spec: Mapping[str, Any], default_batch_size: int | None = None
+) -> Callable[[], ServingInputReceiver]:
+  """A receiver_fn parsing serialized `tf.Example`s with `feature_spec`.
+
+  Args:
+    feature_spec: feature key -> `tf.io.FixedLenFeature`, `VarLenFeature`,
+      ... (e.g. `tf.feature_column.make_parse_example_spec(columns)`).
+    default_batch_size: the batch size of the placeholder; None: any.
+
+  Returns:
+    A serving_input_receiver_fn whose `ServingInputReceiver` feeds a string
+    tensor `examples` (named `input_example_tensor`) of serialized
+    `tf.Example`s and gives the model the parsed features.
+  """
 
   def serving_input_receiver_fn():
     serialized = tf.compat.v1.placeholder(
@@ -137,8 +194,22 @@ def _placeholder_like(value, default_batch_size):
   return tf.compat.v1.placeholder(value.dtype, shape=shape, name=name)
 
 
-def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
-  """A receiver_fn feeding raw tensors shaped like `features` (a dict or a tensor)."""
+def build_raw_serving_input_receiver_fn(
+    features: Any, default_batch_size: int | None = None
+) -> Callable[[], Any]:
+  """A receiver_fn feeding raw tensors shaped like `features` (a dict or a tensor).
+
+  Args:
+    features: a tensor (dense or sparse) or a dict of them by name; each
+      receiver is a placeholder of its dtype and shape, the batch dimension
+      open.
+    default_batch_size: the placeholders' batch size; None: any.
+
+  Returns:
+    A serving_input_receiver_fn: for a dict, its `ServingInputReceiver` feeds
+    and gives the placeholders by the same names; for a tensor, a
+    `TensorServingInputReceiver` gives the model the one placeholder.
+  """
 
   def serving_input_receiver_fn():
     if isinstance(features, dict):
@@ -151,11 +222,26 @@ def build_raw_serving_input_receiver_fn(features, default_batch_size=None):
   return serving_input_receiver_fn
 
 
-def build_raw_supervised_input_receiver_fn(features, labels,
-                                           default_batch_size=None):
+def build_raw_supervised_input_receiver_fn(
+    features: Any, labels: Any, default_batch_size: int | None = None
+) -> Callable[[], SupervisedInputReceiver]:
   """A TRAIN or EVAL receiver_fn feeding raw features and labels shaped like
   `features` and `labels` (each a dict or a tensor), which the model_fn gets
-  as they are (tf.estimator.experimental's)."""
+  as they are (tf.estimator.experimental's).
+
+  Args:
+    features: a tensor or a dict of tensors, as in
+      `build_raw_serving_input_receiver_fn`; a tensor is fed as `input`.
+    labels: likewise; a tensor is fed as `label`.
+    default_batch_size: the placeholders' batch size; None: any.
+
+  Returns:
+    An input_receiver_fn returning a `SupervisedInputReceiver`, for
+    `experimental_export_all_saved_models`.
+
+  Raises:
+    ValueError: `features` and `labels` share a key.
+  """
   feature_keys = (list(features) if isinstance(features, dict) else
                   [_SINGLE_RECEIVER])
   label_keys = list(labels) if isinstance(labels, dict) else [_SINGLE_LABEL]

@@ -17,7 +17,13 @@ them (TF 2.15's own work with tpu_fc's estimators); `train_and_evaluate`, `add_m
 and the early-stopping hooks (`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's
 for tpu_fc's estimators and the replaced namespace's for any other.  `uninstall()`
 restores everything.
+
+`python -m tpu_fc run SCRIPT.py [ARGS...]` runs a legacy script with the names
+bound (and binds them in its multiprocessing children started by spawn or
+forkserver, which `install()` in the script itself does not reach).
 """
+from __future__ import annotations
+
 import contextlib
 import functools
 import importlib
@@ -233,8 +239,23 @@ def _legacy_embedding_module():
   return module
 
 
-def install():
-  """Binds the legacy names to tpu_fc; calling it again changes nothing."""
+def install() -> None:
+  """Binds the legacy names to tpu_fc; calling it again changes nothing.
+
+  Call it before the script reads the names: a name bound to a variable
+  earlier (`from tensorflow.compat.v1.estimator.tpu import TPUEstimator`)
+  keeps TF's object.  It binds `tf.compat.v1.tpu.experimental`'s
+  `embedding_column`, `shared_embedding_columns` and ten `*Parameters`; in
+  every TF API module (`tf`, `tf.compat.v1`, `tf.compat.v2`) an `estimator`
+  namespace (with `tpu`, `tpu.experimental.EmbeddingConfigSpec`, `export`,
+  `experimental`, `ModeKeys`, `EstimatorSpec`, `train_and_evaluate`, ...;
+  see the module doc), also importable by path (`import
+  tensorflow.estimator.tpu`), and `tpu.experimental.embedding.TPUEmbedding`
+  and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
+  and, where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
+  stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`.
+  Loads TensorFlow.
+  """
   if _bindings:
     return
   experimental = tf.compat.v1.tpu.experimental
@@ -277,8 +298,9 @@ def _insert_module(name, module):
   sys.modules[name] = module
 
 
-def uninstall():
-  """Restores every name `install()` bound."""
+def uninstall() -> None:
+  """Restores every name `install()` bound, and the modules it put in
+  `sys.modules`; without an `install()` before, changes nothing."""
   while _bindings:
     owner, name, had, original = _bindings.pop()
     if had:
@@ -293,7 +315,7 @@ def uninstall():
       sys.modules[name] = replaced
 
 
-def is_installed():
+def is_installed() -> bool:
   return bool(_bindings)
 
 

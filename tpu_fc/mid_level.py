@@ -17,8 +17,11 @@ One step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or within one
 TF's own class, allowed outside a `TPUStrategy`: its lookup already runs on a
 CPU, and its tables get row (`IndexedSlices`) gradients.
 """
+from __future__ import annotations
+
 import functools
 import types
+from typing import Any
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import spec as spec_lib
@@ -95,18 +98,39 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   and creates the variables as TF's own `TPUEmbedding` does (restored on
   creation from a checkpoint read before `build`).
 
-  Args as TF's, plus `num_cores`: the TPU cores to emulate (the batch is split
-  over them as `TPUStrategy` would; their gradients of a row are summed into
-  one update, or, with the optimizer's `use_gradient_accumulation=False`,
-  applied one core after another, the core holding the id first).  With
-  `pipeline_execution_with_tensor_core`, as on a TPU, step N+1 looks up before
-  step N's update lands (it is applied right after that lookup); a checkpoint
-  save applies a parked update first.
-
   Output shapes are per core, as TF's per replica: a `FeatureConfig`'s, else
   those `build` is given; a feature with neither takes each enqueue's (TF's
   TPU would fix them at the first enqueue and refuse another batch size
   later; tpu_fc lets it vary, e.g. for an evaluation batch).
+
+  A step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or in one
+  `tf.function`, under the default strategy or `OneDeviceStrategy`.  Its
+  checkpoint (`tf.train.Checkpoint(embedding=...)`) is TF's class's.
+
+  Args:
+    feature_config: a nest (dict, list, ...) of
+      `tf.tpu.experimental.embedding.FeatureConfig`: the structure of the
+      inputs `enqueue` takes and of the activations `dequeue` gives; tables
+      without a name are named `table_<i>`.
+    optimizer: the `tf.tpu.experimental.embedding` optimizer (SGD, Adagrad,
+      AdagradMomentum, Adam, FTRL) of the tables without their own; None:
+      those tables cannot train (`apply_gradients` refuses).
+    pipeline_execution_with_tensor_core: as on a TPU, step N+1 looks up
+      before step N's update lands (it is applied right after that lookup); a
+      checkpoint save applies a parked update first.
+    num_cores: the TPU cores to emulate (tpu_fc's own): the batch is split
+      over them as `TPUStrategy` would; their gradients of a row are summed
+      into one update, or, with the optimizer's
+      `use_gradient_accumulation=False`, applied one core after another, the
+      core holding the id first.
+
+  Raises:
+    ValueError: an optimizer that is no mid-level one, two tables of one
+      name, a `FeatureConfig.output_shape` without a batch dimension or
+      without an example, or `num_cores` not a positive int.
+    NotImplementedError: a table the host engine cannot train: a combiner
+      other than 'mean', 'sum' or 'sqrtn' (e.g. TF 2.21's `CustomCombiner`),
+      or an optimizer other than those five.
   """
 
   # TF's own rules for output shapes (`build` and `enqueue`): read from input
@@ -119,8 +143,9 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   _update_output_shapes = internals.tpu_update_output_shapes
   _is_tensor_shape_match = internals.tpu_is_tensor_shape_match
 
-  def __init__(self, feature_config, optimizer,
-               pipeline_execution_with_tensor_core=False, num_cores=1):
+  def __init__(self, feature_config: Any, optimizer: Any,
+               pipeline_execution_with_tensor_core: bool = False,
+               num_cores: int = 1):
     named = internals.flatten_with_joined_string_paths(feature_config)
     for path, feature in named:
       _check_output_shape(path, feature)
@@ -148,11 +173,29 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
 
   # Variables -------------------------------------------------------------------
 
-  def build(self, per_replica_input_shapes=None, per_replica_batch_size=None):
+  def build(self, per_replica_input_shapes: Any = None,
+            per_replica_batch_size: int | None = None) -> None:
     """TF's `build`: records the output shapes `per_replica_input_shapes` (per
     core here; or the deprecated `per_replica_batch_size`) give where no
     `FeatureConfig.output_shape` sets them (TF's rules and errors), then
     creates the tables and slots (TF's names) as on a TPU; enqueue calls it.
+
+    Variables restored from a checkpoint read before `build` take their
+    values on creation.  A second call does nothing.
+
+    Args:
+      per_replica_input_shapes: a nest like `feature_config` of each input's
+        shape on one core (`tf.TensorShape`s or lists); an int is taken as
+        the per-core batch size (deprecated, logged); None: the shapes come
+        from `FeatureConfig.output_shape` or the first enqueue.
+      per_replica_batch_size: the per-core batch size, when
+        `per_replica_input_shapes` is None (deprecated, logged).
+
+    Raises:
+      ValueError: a structure other than `feature_config`'s, shapes that do
+        not fit a feature's config (TF's rules), or an output shape that is
+        not fully defined; a `slot_variable_creation_fn` making variables a
+        TPU could not create (TF's error).
     """
     if self._built:
       return
@@ -206,8 +249,12 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
             for table in self._table_config}
 
   @property
-  def embedding_tables(self):
-    """`{TableConfig: table variable}`, as TF's class gives them on CPU."""
+  def embedding_tables(self) -> dict[Any, tf.Variable]:
+    """`{TableConfig: table variable}`, as TF's class gives them on CPU.
+
+    Builds the object first if needed.  Read, assign or checkpoint them; an
+    update through them bypasses the optimizer's slots.
+    """
     self._maybe_build()
     return {table: self._variables[table.name]['parameters']
             for table in self._table_config}
@@ -215,9 +262,36 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   # One step --------------------------------------------------------------------
 
   @_not_autographed
-  def enqueue(self, features, weights=None, training=True, name=None,
-              device=None):
-    """Looks up `features` (the structure of the feature config)."""
+  def enqueue(self, features: Any, weights: Any = None, training: bool = True,
+              name: str | None = None, device: str | None = None) -> None:
+    """Looks up `features` (the structure of the feature config).
+
+    Builds the object first if needed.  The lookup is TPUEstimator's emulated
+    engine's: negative ids are padding.
+
+    Args:
+      features: a nest like `feature_config` of each feature's ids for the
+        whole batch (every emulated core's examples in core order): a dense
+        `[batch]` or `[batch, 1]` tensor (one id per example), a
+        `SparseTensor` or `RaggedTensor` `[batch, ids]`, a rank-3
+        `SparseTensor` `[batch, n, ids]` or dense `[batch, n, 1]` (TF's
+        high-dimensional inputs, looked up into `[batch, n, dim]`).
+      weights: None, or a nest like `features` of the ids' weights (None
+        entries allowed), for sparse and ragged inputs only.
+      training: False: a lookup only, which `apply_gradients` refuses to
+        follow.
+      name, device: TF's; not used (one host).
+
+    Raises:
+      ValueError: a strategy with several replicas in sync, a structure other
+        than `feature_config`'s, weights for a dense or sequence input or of
+        another type than their input, a dense input to a sequence feature,
+        an input of another type, rank or dtype than ids (integers), or an
+        input that does not fit the feature's recorded output shape.
+      tf.errors.InvalidArgumentError: when the step runs, an id at or above
+        its table's vocabulary size, or a batch that does not split into
+        `num_cores`; the message names the feature.
+    """
     del name, device  # one host
     replicas = tf.distribute.get_strategy().num_replicas_in_sync
     if replicas > 1:
@@ -333,18 +407,49 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     return tf.stop_gradient(value)
 
   @_not_autographed
-  def dequeue(self, name=None):
-    """The activations of the last `enqueue` (the feature config's structure)."""
+  def dequeue(self, name: str | None = None) -> Any:
+    """The activations of the last `enqueue` (the feature config's structure).
+
+    Args:
+      name: TF's; not used.
+
+    Returns:
+      A nest like `feature_config` of float32 activations in each feature's
+      output shape (per core, the cores' one after another): `[batch, dim]`,
+      `[batch, max_sequence_length, dim]` for a sequence feature, `[batch, n,
+      dim]` for a high-dimensional input.  The tape sees them, never the
+      tables.
+
+    Raises:
+      RuntimeError: not built, no `enqueue` before, or an `enqueue` in
+        another graph (eagerly vs. in a `tf.function`).
+    """
     del name
     step = self._current_step('dequeue')
     return self._like_config([step.activations[path] for path in self._paths])
 
   @_not_autographed
-  def apply_gradients(self, gradients, name=None):
+  def apply_gradients(self, gradients: Any, name: str | None = None) -> Any:
     """Applies d(loss)/d(activations) to the tables with the TPU update rules.
 
     TF's checks first, in TF's order (built, the structure, each gradient a
     tensor); then those of the step it applies to.
+
+    Args:
+      gradients: a nest like `feature_config` of the gradients of the loss
+        by the activations `dequeue` gave (their shapes); a None entry sends
+        a zero gradient (logged: not right for every optimizer, e.g. Adam).
+      name: TF's; not used.
+
+    Returns:
+      The update op (in a graph); eagerly, the update is applied.
+
+    Raises:
+      RuntimeError: not built, no `enqueue` before (or one in another graph),
+        an `enqueue(training=False)`, a second call for one `enqueue`, or a
+        table without an optimizer.
+      ValueError: a structure other than `feature_config`'s, a gradient that
+        is not a tensor, or one of another shape than its activation.
     """
     del name
     if not self._built:
@@ -438,9 +543,30 @@ def _graph():
 class TPUEmbeddingV0(internals.TFTPUEmbeddingV0):
   """TF's `tf.tpu.experimental.embedding.TPUEmbeddingV0`, outside a
   `TPUStrategy` too: `__call__` / `embedding_lookup(features, weights=None)`,
-  `embedding_tables`, `build`, TF's checkpoint."""
+  `embedding_tables`, `build`, TF's checkpoint.
 
-  def __init__(self, feature_config, optimizer):  # pylint: disable=super-init-not-called
+  The tensor-core form of a table: every method is TF's own.
+  `embedding_lookup(features, weights=None)` (also `__call__`) takes a nest
+  like `feature_config` of dense, sparse or ragged ids (weights for sparse
+  and ragged ones only), builds the tables if needed, and returns the
+  activations, gathered from the tables in the model's graph; the tables
+  (`embedding_tables`: `{TableConfig: variable}`) are trained by the
+  model's own optimizer with row (`IndexedSlices`) gradients, as a
+  TPUEstimator's 'tpu_tensor_core' columns are.  The `optimizer` only
+  decides the slot variables `build` creates beside the tables.
+
+  Args:
+    feature_config: a nest of `tf.tpu.experimental.embedding.FeatureConfig`.
+    optimizer: a `tf.tpu.experimental.embedding` optimizer (for the tables'
+      slots), or None.
+
+  Raises:
+    ValueError: TF's checks of the configs (an optimizer that is no
+      mid-level one, two tables of one name); from `embedding_lookup`, TF's
+      checks of the inputs (structure, type, weights).
+  """
+
+  def __init__(self, feature_config: Any, optimizer: Any):  # pylint: disable=super-init-not-called
     # TF's constructor minus its TPUStrategy check; the rest is TF's.
     internals.TPUEmbeddingBase.__init__(self, feature_config, optimizer)
     self._strategy = tf.distribute.get_strategy()

@@ -7,8 +7,46 @@ All ten of TF 2.15's `tensorflow.python.tpu.tpu_embedding` are here: the seven i
 `EmbeddingConfigSpec` takes with feature columns (`SUPPORTED_OPTIMIZERS`) and
 AdagradMomentum, ProximalYogi and FrequencyEstimator, which its engine trains when a
 dict-configured spec names them.
-The update rules they stand for are defined once, in numpy, in `tpu_fc.reference`.
+The update rules they stand for are defined once, in numpy, in `tpu_fc.reference`
+(step order: duplicate ids summed, gradient clipping, the rule, decoupled weight
+decay, weight clipping).
+
+A `*Parameters` object is immutable: setting or deleting an attribute raises
+`AttributeError` (TF 2.15 allowed it; a spec shared by estimators must not change
+under them); `replace(**changes)` builds a changed copy.  Objects of one class with
+equal fields are equal.
+
+Args (of every class but `FrequencyEstimatorParameters`, which fixes them):
+  learning_rate: the tables' learning rate; a table's own `learning_rate`
+    (dict configs) or its column's `learning_rate_fn` takes precedence.
+  use_gradient_accumulation: True (default): a step's gradients of one id,
+    from every example and core, are summed into one update.  False: a
+    table's rows live on the cores modulo their count, and each core's sum is
+    applied in turn, the core holding the id first (`docs/emulation.md`);
+    with one core both are the same.
+  clip_weight_min: the updated rows are clipped to at least this; None: no
+    lower bound.
+  clip_weight_max: the updated rows are clipped to at most this; None: no
+    upper bound.
+  weight_decay_factor: each update also subtracts this times the row's value
+    before the update (decoupled weight decay); None: no decay.
+  multiply_weight_decay_factor_by_learning_rate: True scales the decay by the
+    learning rate; None or False does not.
+  clip_gradient_min: each id's summed gradient is clipped to at least this
+    before the update; None: no lower bound.  Needs
+    `use_gradient_accumulation=True`.
+  clip_gradient_max: each id's summed gradient is clipped to at most this
+    before the update; None: no upper bound.  Needs
+    `use_gradient_accumulation=True`.
+
+Raises (every constructor, before its own checks):
+  ValueError: a gradient clipping bound is given with
+    `use_gradient_accumulation=False`.
 """
+from __future__ import annotations
+
+from typing import Any, Callable
+
 from tpu_fc._tf import tf
 
 _COMMON_FIELDS = ('learning_rate', 'use_gradient_accumulation', 'clip_weight_min',
@@ -39,7 +77,9 @@ def _check_epsilon(value):
 
 
 class _OptimizationParameters:
-  """Fields and validation shared by every legacy optimizer.
+  """What every `*Parameters` class has: its arguments as read-only
+  attributes, the checks shared by all (module doc), equality by class and
+  fields, `to_mid_level()` and `replace()`.
 
   Class attributes of each subclass:
     SLOTS: (legacy TPU checkpoint suffix, mid-level slot name) per slot variable, in
@@ -48,10 +88,13 @@ class _OptimizationParameters:
   """
   SLOTS = ()
 
-  def __init__(self, learning_rate, use_gradient_accumulation, clip_weight_min,
-               clip_weight_max, weight_decay_factor,
-               multiply_weight_decay_factor_by_learning_rate,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               use_gradient_accumulation: bool,
+               clip_weight_min: float | None, clip_weight_max: float | None,
+               weight_decay_factor: float | None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     self.learning_rate = learning_rate
     self.use_gradient_accumulation = use_gradient_accumulation
     self.clip_weight_min = clip_weight_min
@@ -88,12 +131,24 @@ class _OptimizationParameters:
           type(self).__name__, name))
     object.__delattr__(self, name)
 
-  def fields(self):
+  def fields(self) -> dict[str, Any]:
     """The constructor-visible fields, in a stable order."""
     return {k: v for k, v in self.__dict__.items() if not k.startswith('_')}
 
-  def replace(self, **changes):
-    """A copy with some constructor arguments changed (e.g. the learning rate)."""
+  def replace(self, **changes: Any) -> _OptimizationParameters:
+    """A copy with some constructor arguments changed (e.g. the learning rate).
+
+    Args:
+      **changes: constructor arguments by name; the others keep this object's
+        values.
+
+    Returns:
+      A new object of this class.
+
+    Raises:
+      TypeError: a name the constructor does not take.
+      ValueError: the constructor's checks fail on the changed arguments.
+    """
     arguments = {k: v for k, v in self.fields().items()
                  if k not in self._DERIVED_FIELDS}
     arguments.update(changes)
@@ -113,7 +168,7 @@ class _OptimizationParameters:
     return '{}({})'.format(type(self).__name__, ', '.join(
         '{}={!r}'.format(k, v) for k, v in self.fields().items()))
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     """Initial value of each slot variable, keyed by mid-level slot name."""
     return {}
 
@@ -131,12 +186,28 @@ class _OptimizationParameters:
             self.multiply_weight_decay_factor_by_learning_rate),
         clipvalue=clipvalue)
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     """The `tf.tpu.experimental.embedding` optimizer that applies the same rule.
 
+    Every field is passed on, the mid-level defaults are never relied on (the
+    gradient clipping bounds become its `clipvalue`).
+
     Args:
-      learning_rate: optional override (a float or a zero-argument callable), used
-        for tables that have their own `learning_rate_fn`.
+      learning_rate: a learning rate in place of this object's (a float or a
+        zero-argument callable), for tables that have their own
+        `learning_rate_fn`; None: this object's.
+
+    Returns:
+      A `tf.tpu.experimental.embedding.SGD`, `Adagrad`, `AdagradMomentum`,
+      `Adam` or `FTRL`.
+
+    Raises:
+      NotImplementedError: the class has no mid-level twin (ProximalAdagrad,
+        Momentum, RMSProp, ProximalYogi, FrequencyEstimator); the message
+        names the closest mid-level optimizer.
+      ValueError: `FtrlParameters` with `initial_accumulator_value=0`, which
+        the mid-level FTRL refuses.
     """
     raise NotImplementedError(self._NO_MID_LEVEL_TWIN)
 
@@ -144,47 +215,99 @@ class _OptimizationParameters:
 
 
 class StochasticGradientDescentParameters(_OptimizationParameters):
-  """Plain SGD: `w -= lr * g`."""
+  """Plain SGD: `w -= lr * g`.  No slots.
 
-  def __init__(self, learning_rate, use_gradient_accumulation=True,
-               clip_weight_min=None, clip_weight_max=None,
-               weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  Args:
+    learning_rate: the tables' learning rate.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: see `tpu_fc.optimizers` (gradient clipping).
+  """
+
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     self._keep(locals())
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     return tf.tpu.experimental.embedding.SGD(
         **self._mid_level_common(learning_rate))
 
 
 class AdagradParameters(_OptimizationParameters):
-  """Adagrad without epsilon: `a += g*g; w -= lr * g / sqrt(a)`."""
+  """Adagrad without epsilon: `a += g*g; w -= lr * g / sqrt(a)`.
+
+  Slot: the accumulator `a` (checkpoint suffix `Adagrad`).
+
+  Args:
+    learning_rate: the tables' learning rate.
+    initial_accumulator: the value every accumulator starts at; must be > 0.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `initial_accumulator` <= 0; see also `tpu_fc.optimizers`.
+  """
   SLOTS = (('Adagrad', 'accumulators'),)
 
-  def __init__(self, learning_rate, initial_accumulator=0.1,
-               use_gradient_accumulation=True, clip_weight_min=None,
-               clip_weight_max=None, weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               initial_accumulator: float = 0.1,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     if initial_accumulator <= 0:
       raise ValueError(f'Adagrad initial_accumulator must be greater than zero. '
                        f'Received: {initial_accumulator}.')
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'accumulators': self.initial_accumulator}
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     return tf.tpu.experimental.embedding.Adagrad(
         initial_accumulator_value=self.initial_accumulator,
         **self._mid_level_common(learning_rate))
 
 
 class ProximalAdagradParameters(_OptimizationParameters):
-  """Adagrad with an l1/l2 proximal step; the mid-level API has no twin."""
+  """Adagrad with an l1/l2 proximal step; the mid-level API has no twin.
+
+  Slot: the accumulator (checkpoint suffix `ProximalAdagrad`).
+  `to_mid_level()` raises `NotImplementedError`.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    initial_accumulator: the value every accumulator starts at; must be > 0.
+    l1_regularization_strength: the l1 term of the proximal step; >= 0.
+    l2_regularization_strength: the l2 term of the proximal step; >= 0.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `initial_accumulator` <= 0, or a regularization strength < 0;
+      see also `tpu_fc.optimizers`.
+  """
   SLOTS = (('ProximalAdagrad', 'accumulators'),)
   _NO_MID_LEVEL_TWIN = (
       'ProximalAdagradParameters has no twin in tf.tpu.experimental.embedding. '
@@ -193,12 +316,17 @@ class ProximalAdagradParameters(_OptimizationParameters):
       'FTRL offers l1/l2 regularization. tpu_fc.TPUEstimator still trains with '
       'ProximalAdagradParameters.')
 
-  def __init__(self, learning_rate, initial_accumulator=0.1,
-               l1_regularization_strength=0.0, l2_regularization_strength=0.0,
-               use_gradient_accumulation=True, clip_weight_min=None,
-               clip_weight_max=None, weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               initial_accumulator: float = 0.1,
+               l1_regularization_strength: float = 0.0,
+               l2_regularization_strength: float = 0.0,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     if initial_accumulator <= 0:
       raise ValueError(f'Adagrad initial_accumulator must be positive. '
@@ -207,20 +335,52 @@ class ProximalAdagradParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'accumulators': self.initial_accumulator}
 
 
 class AdamParameters(_OptimizationParameters):
-  """Adam as the TPU runs it: no bias correction, lazy by default."""
+  """Adam as the TPU runs it: no bias correction, lazy by default.
+
+  Slots: the first and second moments (checkpoint suffixes `Adam/m`,
+  `Adam/v`).  For bias correction, give the tables a `learning_rate_fn`
+  computing `lr * sqrt(1 - beta2**t) / (1 - beta1**t)`.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    beta1: decay rate of the first moment; in [0, 1).
+    beta2: decay rate of the second moment; in [0, 1).
+    epsilon: keeps the denominator from 0 (see `sum_inside_sqrt`); must be
+      > 0.  `to_mid_level()` passes it on (the
+      mid-level default is 1e-07).
+    lazy_adam: True: only the rows looked up in a step are updated.  False:
+      every row is, the others with a zero gradient (their moments decay and
+      their weights still move); needs `use_gradient_accumulation=True`.
+    sum_inside_sqrt: the denominator: True `sqrt(v + epsilon**2)`, False
+      `sqrt(v) + epsilon`.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `beta1` or `beta2` outside [0, 1), `epsilon` <= 0, or
+      `lazy_adam=False` without gradient accumulation; see also
+      `tpu_fc.optimizers`.
+  """
   SLOTS = (('Adam/m', 'momenta'), ('Adam/v', 'velocities'))
 
-  def __init__(self, learning_rate, beta1=0.9, beta2=0.999, epsilon=1e-08,
-               lazy_adam=True, sum_inside_sqrt=True,
-               use_gradient_accumulation=True, clip_weight_min=None,
-               clip_weight_max=None, weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               beta1: float = 0.9, beta2: float = 0.999,
+               epsilon: float = 1e-08, lazy_adam: bool = True,
+               sum_inside_sqrt: bool = True,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     _check_beta('beta1', beta1)
     _check_beta('beta2', beta2)
@@ -230,10 +390,11 @@ class AdamParameters(_OptimizationParameters):
           'When disabling Lazy Adam, gradient accumulation must be used.')
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'momenta': 0.0, 'velocities': 0.0}
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     # epsilon is always passed: the mid-level default is 1e-07, the legacy 1e-08.
     return tf.tpu.experimental.embedding.Adam(
         beta_1=self.beta1, beta_2=self.beta2, epsilon=self.epsilon,
@@ -242,19 +403,51 @@ class AdamParameters(_OptimizationParameters):
 
 
 class FtrlParameters(_OptimizationParameters):
-  """FTRL-proximal with the TPU's `beta` and `multiply_linear_by_learning_rate`."""
+  """FTRL-proximal with the TPU's `beta` and `multiply_linear_by_learning_rate`.
+
+  Slots: the accumulator and the linear term (checkpoint suffixes `Ftrl`,
+  `Ftrl_1`; the linear term starts at 0, kept as `initial_linear_value`).
+
+  Args:
+    learning_rate: the tables' learning rate.
+    learning_rate_power: how the per-coordinate rate falls with the
+      accumulator (-0.5: as 1/sqrt); <= 0, 0 for a fixed rate.
+    initial_accumulator_value: the value every accumulator starts at; >= 0.
+      `to_mid_level()` needs > 0 (the mid-level FTRL refuses 0).
+    l1_regularization_strength: the l1 term; >= 0.
+    l2_regularization_strength: the l2 term; >= 0.
+    multiply_linear_by_learning_rate: True keeps the linear term multiplied by
+      the learning rate, so a rate ramped up from 0 gives no NaN.
+    beta: FTRL's beta, added to the denominator of the per-coordinate rate.
+    allow_zero_accumulator: passed to the mid-level FTRL by `to_mid_level()`,
+      where it admits accumulators of 0 (TF: at some cost in speed); the
+      emulated update does not read it.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `learning_rate_power` > 0, `initial_accumulator_value` < 0, or
+      a regularization strength < 0; see also `tpu_fc.optimizers`.
+  """
   SLOTS = (('Ftrl', 'accumulators'), ('Ftrl_1', 'linears'))
   _DERIVED_FIELDS = ('initial_linear_value',)
 
-  def __init__(self, learning_rate, learning_rate_power=-0.5,
-               initial_accumulator_value=0.1, l1_regularization_strength=0.0,
-               l2_regularization_strength=0.0, use_gradient_accumulation=True,
-               clip_weight_min=None, clip_weight_max=None,
-               weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               multiply_linear_by_learning_rate=False, beta=0,
-               allow_zero_accumulator=False, clip_gradient_min=None,
-               clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               learning_rate_power: float = -0.5,
+               initial_accumulator_value: float = 0.1,
+               l1_regularization_strength: float = 0.0,
+               l2_regularization_strength: float = 0.0,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               multiply_linear_by_learning_rate: bool = False,
+               beta: float = 0, allow_zero_accumulator: bool = False,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     if learning_rate_power > 0.:
       raise ValueError('learning_rate_power must be less than or equal to 0. '
@@ -266,11 +459,12 @@ class FtrlParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals(), initial_linear_value=0.0)
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'accumulators': self.initial_accumulator_value,
             'linears': self.initial_linear_value}
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     if self.initial_accumulator_value <= 0:
       raise ValueError(
           'FtrlParameters(initial_accumulator_value={}) has no mid-level twin: '
@@ -289,7 +483,24 @@ class FtrlParameters(_OptimizationParameters):
 
 
 class MomentumParameters(_OptimizationParameters):
-  """Heavy-ball or Nesterov momentum; the mid-level API has no twin."""
+  """Heavy-ball or Nesterov momentum; the mid-level API has no twin.
+
+  Slot: the momentum (checkpoint suffix `Momentum`).  `to_mid_level()` raises
+  `NotImplementedError`.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    momentum: the momentum's decay: `m = momentum * m + g`.
+    use_nesterov: True: Nesterov momentum (`w -= lr * (g + momentum * m)`);
+      False: `w -= lr * m`.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: see `tpu_fc.optimizers` (gradient clipping).
+  """
   SLOTS = (('Momentum', 'momenta'),)
   _NO_MID_LEVEL_TWIN = (
       'MomentumParameters has no twin in tf.tpu.experimental.embedding. The '
@@ -298,20 +509,44 @@ class MomentumParameters(_OptimizationParameters):
       'with an Adagrad preconditioner). tpu_fc.TPUEstimator still trains with '
       'MomentumParameters.')
 
-  def __init__(self, learning_rate, momentum, use_nesterov=False,
-               use_gradient_accumulation=True, clip_weight_min=None,
-               clip_weight_max=None, weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any], momentum: float,
+               use_nesterov: bool = False,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'momenta': 0.0}
 
 
 class RMSPropParameters(_OptimizationParameters):
-  """RMSProp with momentum; the mid-level API has no twin."""
+  """RMSProp with momentum; the mid-level API has no twin.
+
+  Slots: the mean square and the momentum (checkpoint suffixes
+  `RMSProp/ms`, `RMSProp/mom`).  `to_mid_level()` raises
+  `NotImplementedError`, naming the `Adam` settings that apply the same
+  update when `momentum` is 0.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    rho: decay of the mean square: `ms = rho * ms + (1 - rho) * g*g`.
+    momentum: decay of the momentum:
+      `mom = momentum * mom + lr * g / sqrt(ms + epsilon)`.
+    epsilon: added to the mean square under the square root.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: see `tpu_fc.optimizers` (gradient clipping).
+  """
   SLOTS = (('RMSProp/ms', 'ms'), ('RMSProp/mom', 'mom'))
   _NO_MID_LEVEL_TWIN = (
       'RMSPropParameters has no twin in tf.tpu.experimental.embedding. The '
@@ -320,29 +555,61 @@ class RMSPropParameters(_OptimizationParameters):
       'sum_inside_sqrt=True) applies the same update. tpu_fc.TPUEstimator '
       'still trains with RMSPropParameters.')
 
-  def __init__(self, learning_rate, rho, momentum, epsilon,
-               use_gradient_accumulation=True, clip_weight_min=None,
-               clip_weight_max=None, weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any], rho: float, momentum: float,
+               epsilon: float,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'ms': 0.0, 'mom': 0.0}
 
 
 class AdagradMomentumParameters(_OptimizationParameters):
-  """Momentum over the Adagrad-scaled gradient (`tpu_fc.reference`)."""
+  """Momentum over the Adagrad-scaled gradient (`tpu_fc.reference`).
+
+  Taken by the spec with dict configs only, as in TF 2.15.  Slots: the
+  accumulator and the momentum (checkpoint suffixes
+  `AdagradMomentum/Accumulator`, `AdagradMomentum/Momentum`, both starting
+  at 0).
+
+  Args:
+    learning_rate: the tables' learning rate.
+    momentum: the momentum's decay.
+    use_nesterov: True: Nesterov momentum; False: heavy-ball.
+    exponent: `k` of the scaled gradient `g * (a + epsilon)**(-1/k)` (2:
+      divided by the square root); must be > 0.
+    beta2: decay of the accumulator: `a = beta2 * a + (1 - beta2) * g*g`;
+      1 (default) sums, `a += g*g`, as Adagrad does.
+    epsilon: added to the accumulator in the scaled gradient; must be > 0.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `epsilon` <= 0 or `exponent` <= 0; see also
+      `tpu_fc.optimizers`.
+  """
   SLOTS = (('AdagradMomentum/Accumulator', 'accumulators'),
            ('AdagradMomentum/Momentum', 'momenta'))
 
-  def __init__(self, learning_rate, momentum, use_nesterov=False, exponent=2,
-               beta2=1, epsilon=1e-10, use_gradient_accumulation=True,
-               clip_weight_min=None, clip_weight_max=None,
-               weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any], momentum: float,
+               use_nesterov: bool = False, exponent: float = 2,
+               beta2: float = 1, epsilon: float = 1e-10,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     if epsilon <= 0:
       raise ValueError('Adagrad momentum: epsilon must be positive')
@@ -350,10 +617,11 @@ class AdagradMomentumParameters(_OptimizationParameters):
       raise ValueError('Adagrad momentum: Precondition exponent must >0')
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'accumulators': 0.0, 'momenta': 0.0}
 
-  def to_mid_level(self, learning_rate=None):
+  def to_mid_level(
+      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     return tf.tpu.experimental.embedding.AdagradMomentum(
         momentum=self.momentum, use_nesterov=self.use_nesterov,
         exponent=self.exponent, beta2=self.beta2, epsilon=self.epsilon,
@@ -361,7 +629,30 @@ class AdagradMomentumParameters(_OptimizationParameters):
 
 
 class ProximalYogiParameters(_OptimizationParameters):
-  """Yogi with an l1/l2 proximal step; the mid-level API has no twin."""
+  """Yogi with an l1/l2 proximal step; the mid-level API has no twin.
+
+  Taken by the spec with dict configs only, as in TF 2.15.  Slots: the second
+  and first moments (checkpoint suffixes `ProximalYogi`, `ProximalYogi_1`).
+  Lazy, without bias correction.  `to_mid_level()` raises
+  `NotImplementedError`.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    beta1: decay of the first moment; in [0, 1).
+    beta2: decay of the second moment (Yogi's additive rule); in [0, 1).
+    epsilon: added to the second moment's square root; must be > 0.
+    l1_regularization_strength: the l1 term of the proximal step; >= 0.
+    l2_regularization_strength: the l2 term of the proximal step; >= 0.
+    initial_accumulator_value: the value the second moment starts at.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `beta1` or `beta2` outside [0, 1), `epsilon` <= 0, or a
+      regularization strength < 0; see also `tpu_fc.optimizers`.
+  """
   SLOTS = (('ProximalYogi', 'velocities'), ('ProximalYogi_1', 'momenta'))
   _NO_MID_LEVEL_TWIN = (
       'ProximalYogiParameters has no twin in tf.tpu.experimental.embedding. '
@@ -371,13 +662,19 @@ class ProximalYogiParameters(_OptimizationParameters):
       'offers l1/l2 regularization. tpu_fc.TPUEstimator still trains with '
       'ProximalYogiParameters.')
 
-  def __init__(self, learning_rate=0.01, beta1=0.9, beta2=0.999, epsilon=1e-3,
-               l1_regularization_strength=0.0, l2_regularization_strength=0.0,
-               initial_accumulator_value=1e-6, use_gradient_accumulation=True,
-               clip_weight_min=None, clip_weight_max=None,
-               weight_decay_factor=None,
-               multiply_weight_decay_factor_by_learning_rate=None,
-               clip_gradient_min=None, clip_gradient_max=None):
+  def __init__(self, learning_rate: float | Callable[[], Any] = 0.01,
+               beta1: float = 0.9, beta2: float = 0.999,
+               epsilon: float = 1e-3,
+               l1_regularization_strength: float = 0.0,
+               l2_regularization_strength: float = 0.0,
+               initial_accumulator_value: float = 1e-6,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
     super().__init__(**_common(locals()))
     _check_beta('beta1', beta1)
     _check_beta('beta2', beta2)
@@ -386,7 +683,7 @@ class ProximalYogiParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'velocities': self.initial_accumulator_value, 'momenta': 0.0}
 
 
@@ -396,7 +693,21 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
   Not an optimizer of the gradient (which should be zero): its table, of
   dimension 1, holds the estimate, and its learning rate must be the global
   step (a table `learning_rate_fn` casting it); the other common fields are
-  fixed, as TF 2.15 fixes them.  No mid-level twin.
+  fixed, as TF 2.15 fixes them.  No mid-level twin: `to_mid_level()` raises
+  `NotImplementedError`.  Taken by the spec with dict configs only, as in TF
+  2.15; its tables must have dimension 1 (the spec's layout raises
+  `ValueError` otherwise).  Slot: the step of each id's last lookup
+  (checkpoint suffix `FrequencyEstimator`).
+
+  Args:
+    tau: the rate, in (0, 1), at which the estimate moves toward the gap
+      (global steps) between an id's last two lookups.
+    max_delta: gaps are capped at this (TF's proto starts the estimates at
+      it: give the table that initializer).
+    outlier_threshold: a gap of at least this times the estimate is an
+      outlier: the estimate becomes the (capped) gap.
+    weight_exponent: kept for TF's signature; the emulated update does not
+      read it (what the device does with it is not pinned by a source).
   """
   SLOTS = (('FrequencyEstimator', 'last_hit_step'),)
   _DERIVED_FIELDS = _COMMON_FIELDS
@@ -410,14 +721,15 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
       'a table. tpu_fc.TPUEstimator still trains with '
       'FrequencyEstimatorParameters.')
 
-  def __init__(self, tau, max_delta, outlier_threshold, weight_exponent):
+  def __init__(self, tau: float, max_delta: float, outlier_threshold: float,
+               weight_exponent: float):
     super().__init__(
         learning_rate=1.0, use_gradient_accumulation=True, clip_weight_min=None,
         clip_weight_max=None, weight_decay_factor=None,
         multiply_weight_decay_factor_by_learning_rate=None)
     self._keep(locals())
 
-  def slot_initial_values(self):
+  def slot_initial_values(self) -> dict[str, float]:
     return {'last_hit_step': 0.0}
 
 

@@ -5,6 +5,10 @@ The form a fully migrated model has: a TF2 object SavedModel of a
 followed by the migrated dense model.  (`TPUEstimator.export_saved_model` is
 `tpu_fc.estimator.saved_model`.)
 """
+from __future__ import annotations
+
+from typing import Any, Mapping
+
 from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.lookup.inputs import check_ids
@@ -74,19 +78,36 @@ def _restore_tables(embedding, spec, checkpoint):
     variable.assign(values[table.name])
 
 
-def export_mid_level_saved_model(export_dir, spec, dense_model, feature_spec,
-                                 checkpoint):
+def export_mid_level_saved_model(export_dir: str, spec: Any, dense_model: Any,
+                                 feature_spec: Mapping[str, Any],
+                                 checkpoint: str) -> MidLevelServingModel:
   """Writes a TF2 SavedModel: CPU embedding lookup + `dense_model`; returns its model.
+
+  The `serving_default` signature takes serialized `tf.Example`s (`examples`).
+  A request with an id outside its table's vocabulary fails, naming the
+  feature.  `tf.saved_model.load(export_dir)` loads it.
 
   Args:
     export_dir: where to write the SavedModel.
     spec: the `EmbeddingConfigSpec` (its `to_mid_level()` configs are served).
     dense_model: trackable callable `(activations, features) -> {name: tensor}`
       (e.g. a `tf.Module` or Keras model holding the trained dense weights).
-    feature_spec: `tf.io.parse_example` spec of the request's `tf.Example`s.
+    feature_spec: `tf.io.parse_example` spec of the request's `tf.Example`s;
+      the embedding features must parse as integer ids (the mid-level lookup
+      applies no vocabulary or hashing).
     checkpoint: the tables: a mid-level or legacy checkpoint prefix or model_dir.
 
-  The `serving_default` signature takes serialized `tf.Example`s (`examples`).
+  Returns:
+    The `MidLevelServingModel` saved (a `tf.Module`: the
+    `TPUEmbeddingForServing` as `embedding`, then `dense_model`).
+
+  Raises:
+    ValueError: `feature_spec` parses an embedding feature as other than
+      integers.
+    CheckpointConversionError: no checkpoint at `checkpoint`, or (legacy) a
+      table missing, ambiguous or of another shape.
+    NotImplementedError: an optimizer without a mid-level twin
+      (`EmbeddingConfigSpec.to_mid_level`).
   """
   _check_integer_ids(spec, feature_spec)
   model = MidLevelServingModel(spec, dense_model)

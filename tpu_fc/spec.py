@@ -6,11 +6,13 @@ description of it, `EmbeddingLayout`: tables and features sorted by name, as the
 legacy engine orders them, whichever way the spec was given (feature columns, legacy
 v1 config dicts, or `tf.tpu.experimental.embedding` configs for migrated tables).
 """
+from __future__ import annotations
+
 import collections
 import dataclasses
 import functools
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import columns as columns_lib
@@ -27,11 +29,39 @@ class TableConfig(collections.namedtuple('TableConfig', [
     'vocabulary_size', 'dimension', 'initializer', 'combiner',
     'hot_id_replication', 'learning_rate', 'learning_rate_fn',
     'optimization_parameters'])):
-  """Legacy (v1) embedding table config, as `tensorflow.python.tpu.tpu_embedding`'s."""
+  """Legacy (v1) embedding table config, as `tensorflow.python.tpu.tpu_embedding`'s.
 
-  def __new__(cls, vocabulary_size, dimension, initializer=None, combiner='mean',
-              hot_id_replication=False, learning_rate=None,
-              learning_rate_fn=None, optimization_parameters=None):
+  A value of `EmbeddingConfigSpec(table_to_config_dict=...)`, whose key names
+  the table (and its checkpoint variable).
+
+  Args:
+    vocabulary_size: the table's rows; an int >= 1.
+    dimension: the table's columns (the embedding width); an int >= 1.
+    initializer: the rows' initializer, a callable; None: truncated normal of
+      mean 0 and standard deviation `1/sqrt(dimension)`.
+    combiner: how one example's ids combine: 'mean', 'sum', 'sqrtn', or None
+      for dense ids, one per example.
+    hot_id_replication: kept for TF's signature; the emulated engine has no
+      replicas to put hot rows on.
+    learning_rate: this table's learning rate, in place of its optimizer's
+      (taken when truthy).
+    learning_rate_fn: `global_step -> learning rate` for this table, in place
+      of its optimizer's; not with `learning_rate`.
+    optimization_parameters: this table's optimizer (tpu_fc's or TF 2.15's
+      `*Parameters`); None: the spec's.
+
+  Raises:
+    ValueError: `vocabulary_size` or `dimension` not an int >= 1,
+      `initializer` not callable, another `combiner`, both `learning_rate` and
+      `learning_rate_fn`, or `optimization_parameters` no `*Parameters`.
+  """
+
+  def __new__(cls, vocabulary_size: int, dimension: int,
+              initializer: Callable[..., Any] | None = None,
+              combiner: str | None = 'mean', hot_id_replication: bool = False,
+              learning_rate: float | None = None,
+              learning_rate_fn: Callable[[Any], Any] | None = None,
+              optimization_parameters: Any = None):
     if not isinstance(vocabulary_size, int) or vocabulary_size < 1:
       raise ValueError(f'vocabulary_size must >= 1. '
                        f'Received: {vocabulary_size}.')
@@ -67,9 +97,24 @@ class TableConfig(collections.namedtuple('TableConfig', [
 
 class FeatureConfig(collections.namedtuple(
     'FeatureConfig', ['table_id', 'max_sequence_length', 'weight_key'])):
-  """Legacy (v1) feature config, as `tensorflow.python.tpu.tpu_embedding`'s."""
+  """Legacy (v1) feature config, as `tensorflow.python.tpu.tpu_embedding`'s.
 
-  def __new__(cls, table_id, max_sequence_length=0, weight_key=None):
+  A value of `EmbeddingConfigSpec(feature_to_config_dict=...)`, whose key is
+  the feature's key in the input features.
+
+  Args:
+    table_id: the key of the feature's table in `table_to_config_dict`.
+    max_sequence_length: 0: one combined activation per example; N > 0: a
+      sequence feature, each example's ids cut or padded to N positions.
+    weight_key: the input feature holding the weights of this feature's ids
+      (for the combiner); None: unweighted.
+
+  Raises:
+    ValueError: `max_sequence_length` not an int >= 0.
+  """
+
+  def __new__(cls, table_id: str, max_sequence_length: int = 0,
+              weight_key: str | None = None):
     if not isinstance(max_sequence_length, int) or max_sequence_length < 0:
       raise ValueError(f'max_sequence_length must be zero or a positive int, '
                        f'got {max_sequence_length}.')
@@ -305,39 +350,67 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     'table_to_config_dict', 'partition_strategy', 'profile_data_directory'])):
   """TPU embedding specification for `TPUEstimator`, as TF 2.15's.
 
+  The constructor makes TF 2.15's checks; those TF makes where a TPU builds
+  its embedding (shared tables, unused tables, a missing optimizer) run when
+  the spec is used: by `TPUEstimator`, `to_mid_level()`, the checkpoint
+  conversion.
+
   Args:
     feature_columns: the `embedding_column` / `shared_embedding_columns`
       columns the model_fn uses (or give both dicts below instead).
     optimization_parameters: the tables' optimizer: one of the seven
       `*Parameters` of `tpu_fc.optimizers.SUPPORTED_OPTIMIZERS` (tpu_fc's or
-      TF 2.15's), or a mid-level optimizer; with the dicts, as in TF 2.15,
-      also AdagradMomentum, ProximalYogi or FrequencyEstimator parameters.
+      TF 2.15's), or a mid-level optimizer (SGD, Adagrad, Adam, FTRL,
+      AdagradMomentum), converted to tpu_fc's `*Parameters`; with the dicts,
+      as in TF 2.15, also AdagradMomentum, ProximalYogi or FrequencyEstimator
+      parameters, and None when every table has its own.
     clipping_limit: accepted and ignored, as in TF 2.15.
-    pipeline_execution_with_tensor_core: each step's lookup runs before the
-      previous step's table update lands, as on a TPU that overlaps them.
+    pipeline_execution_with_tensor_core: True: each step's lookup runs before
+      the previous step's table update lands, as on a TPU that overlaps them
+      (a checkpoint save applies the parked update first).
     experimental_gradient_multiplier_fn: `global_step -> factor` applied to
-      every table gradient.
+      every table gradient; None: none.
     feature_to_config_dict, table_to_config_dict: the legacy
       `FeatureConfig` / `TableConfig` dicts (or mid-level configs), in place
       of `feature_columns`.
-    partition_strategy: 'div' or 'mod', as TF's.
+    partition_strategy: 'div' or 'mod', as TF's; 'mod' is refused by a
+      `TPUEstimator` that evaluates on the CPU, as in TF 2.15.
     profile_data_directory: a directory to write the lookups' id statistics
-      to (TF's embedding profile).
+      to (TF's embedding profile; `tpu_fc.lookup.profile`); None: no profile.
 
-  Columns on `embedding_lookup_device='tpu_tensor_core'` are moved to
-  `tensor_core_feature_columns`.
+  Attributes:
+    feature_columns: the columns of the embedding core (not on
+      'tpu_tensor_core'); None with the dicts.
+    tensor_core_feature_columns: the columns on
+      `embedding_lookup_device='tpu_tensor_core'`, moved out of
+      `feature_columns`; None with the dicts.
+
+  The other attributes are the arguments, `optimization_parameters` as
+  tpu_fc's `*Parameters`.
+
+  Raises:
+    ValueError: not exactly one of `feature_columns` and the pair of dicts,
+      another `partition_strategy`, an `optimization_parameters` the columns
+      cannot take (the columns need one of the seven), or a feature whose
+      `table_id` (or mid-level table) is not in `table_to_config_dict`.
+    TypeError: a column of a type TF 2.15's spec refuses (it takes TPU
+      embedding, embedding and numeric columns), a dict value of another
+      config type, or an `experimental_gradient_multiplier_fn` that is not
+      callable.
+    NotImplementedError: a mid-level optimizer other than those five.
   """
 
   def __new__(cls,
-              feature_columns=None,
-              optimization_parameters=None,
-              clipping_limit=None,
-              pipeline_execution_with_tensor_core=False,
-              experimental_gradient_multiplier_fn=None,
-              feature_to_config_dict=None,
-              table_to_config_dict=None,
-              partition_strategy='div',
-              profile_data_directory=None):
+              feature_columns: Sequence[Any] | None = None,
+              optimization_parameters: Any = None,
+              clipping_limit: Any = None,
+              pipeline_execution_with_tensor_core: bool = False,
+              experimental_gradient_multiplier_fn: (
+                  Callable[[Any], Any] | None) = None,
+              feature_to_config_dict: Mapping[str, Any] | None = None,
+              table_to_config_dict: Mapping[str, Any] | None = None,
+              partition_strategy: str = 'div',
+              profile_data_directory: str | None = None):
     if (not feature_columns and
         not (feature_to_config_dict and table_to_config_dict) or
         (feature_columns and
@@ -402,7 +475,7 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         partition_strategy=partition_strategy,
         profile_data_directory=profile_data_directory)
 
-  def embedding_layout(self):
+  def embedding_layout(self) -> EmbeddingLayout:
     """Embedding-core tables and features (the ones the TPU embedding engine owns)."""
     if self.feature_columns is not None:
       return _layout_from_columns(self.feature_columns)
@@ -414,18 +487,42 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     _check_frequency_estimator_tables(layout, self.optimization_parameters)
     return layout
 
-  def tensor_core_layout(self):
+  def tensor_core_layout(self) -> EmbeddingLayout:
     """Tables and features looked up on the tensor core, trained by the model."""
     return _layout_from_columns(self.tensor_core_feature_columns or [])
 
-  def to_mid_level(self, global_step=None):
+  def to_mid_level(self, global_step: tf.Variable | None = None
+                   ) -> MidLevelConfig:
     """The spec as `tf.tpu.experimental.embedding` configs (see `MidLevelConfig`).
+
+    Tables are named after the legacy engine (`tbl_` + the embedding variable
+    name, or the dict keys); every table's optimizer is set explicitly, and a
+    column's `learning_rate_fn(global_step)` becomes a per-table copy of the
+    optimizer whose learning rate is a zero-argument callable reading the
+    global step.  `experimental_gradient_multiplier_fn` has no mid-level
+    setting: it becomes `MidLevelConfig.gradient_multiplier` (logged once).
 
     Args:
       global_step: the step variable that per-table `learning_rate_fn`s and
         `experimental_gradient_multiplier_fn` read; by default, in eager code the
         global step when this is called (created if there is none: a traced
         tf.function cannot create it), in a graph the graph's global step.
+
+    Returns:
+      A `MidLevelConfig`.
+
+    Raises:
+      NotImplementedError: the spec's or a table's optimizer has no mid-level
+        twin (its message names the closest one), or a mid-level table's
+        combiner is not 'mean', 'sum' or 'sqrtn'.
+      ValueError: `FtrlParameters(initial_accumulator_value=0)`; or TF 2.15's
+        checks where a TPU builds its embedding: one feature in two columns,
+        shared columns of different table shapes, a table no feature uses, no
+        optimizer for a table, a FrequencyEstimator table of dimension other
+        than 1; or a column's `TableConfig` checks.
+      TypeError: a column that is no TPU embedding column (the constructor,
+        as TF 2.15's, also takes embedding and numeric columns), or a
+        column's `learning_rate_fn` that is not callable.
     """
     return to_mid_level(self, global_step)
 
@@ -467,10 +564,13 @@ class GlobalStepFunction:
 class MidLevelConfig:
   """An `EmbeddingConfigSpec` in `tf.tpu.experimental.embedding` terms.
 
+  What `EmbeddingConfigSpec.to_mid_level()` returns; frozen.
+
   Attributes:
     feature_config: feature name -> `FeatureConfig` for the embedding-core features
       (for `TPUEmbedding`, `TPUEmbeddingForServing`, `serving_embedding_lookup`).
-    optimizer: the spec's optimizer, as a mid-level optimizer.
+    optimizer: the spec's optimizer, as a mid-level optimizer (None when
+      every table has its own).
     tensor_core_feature_config: feature name -> `FeatureConfig` for the tensor-core
       features (for `TPUEmbeddingV0`).
     tables: every `TableConfig`, sorted by name; names are the legacy table names
@@ -488,8 +588,17 @@ class MidLevelConfig:
   weight_keys: Dict[str, str]
   gradient_multiplier: Any = None
 
-  def scale_gradients(self, gradients):
-    """`gradients` (activation gradients, any structure) times the multiplier."""
+  def scale_gradients(self, gradients: Any) -> Any:
+    """`gradients` times the spec's gradient multiplier, as TPUEstimator scaled them.
+
+    Args:
+      gradients: activation gradients (d(loss)/d(activations)), any nest of
+        tensors; None entries stay None.
+
+    Returns:
+      The same structure, each gradient times `gradient_multiplier()`;
+      `gradients` itself when the spec has no multiplier.
+    """
     if self.gradient_multiplier is None:
       return gradients
     multiplier = self.gradient_multiplier()
@@ -497,8 +606,13 @@ class MidLevelConfig:
         lambda gradient: None if gradient is None else gradient * multiplier,
         gradients)
 
-  def serving_feature_config(self):
-    """`feature_config` on copies of the tables without optimizers (no slots)."""
+  def serving_feature_config(self) -> dict[str, Any]:
+    """`feature_config` on copies of the tables without optimizers (no slots).
+
+    Returns:
+      Feature name -> `tf.tpu.experimental.embedding.FeatureConfig`, for
+      `TPUEmbeddingForServing` (which then creates no slot variables).
+    """
     embedding = tf.tpu.experimental.embedding
     tables = {id(table): embedding.TableConfig(
         vocabulary_size=table.vocabulary_size, dim=table.dim,
@@ -510,8 +624,21 @@ class MidLevelConfig:
         output_shape=feature.output_shape, name=feature.name)
             for name, feature in self.feature_config.items()}
 
-  def split_features(self, features):
-    """(inputs, weights) structured like `feature_config`, from an estimator-style dict."""
+  def split_features(self, features: Mapping[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(inputs, weights) structured like `feature_config`, from an estimator-style dict.
+
+    Args:
+      features: an input_fn's features dict: the embedding-core features' ids
+        by feature name, and their weights under their `weight_key`s.
+
+    Returns:
+      `(inputs, weights)`: dicts by the names of `feature_config`, what
+      `TPUEmbedding.enqueue` takes; a feature without weights has None.
+
+    Raises:
+      KeyError: `features` lacks an embedding-core feature or its weights.
+    """
     inputs = {name: features[name] for name in self.feature_config}
     weights = {name: (features[self.weight_keys[name]]
                       if name in self.weight_keys else None)
@@ -557,7 +684,8 @@ def _warn_once(message):
   tf.compat.v1.logging.warning(message)
 
 
-def to_mid_level(spec, global_step=None):
+def to_mid_level(spec: EmbeddingConfigSpec,
+                 global_step: tf.Variable | None = None) -> MidLevelConfig:
   """Builds the `MidLevelConfig` of `spec`; see `EmbeddingConfigSpec.to_mid_level`."""
   parameters = spec.optimization_parameters
   layout = spec.embedding_layout()  # (without parameters, every table has its own)

@@ -8,7 +8,12 @@ is the TPU layer on top.  In a parameter-server cluster (`TF_CONFIG`, see
 `distributed`) training is Estimator's between-graph replication: ps tasks
 serve variables, the chief and the workers build the graph with a replica
 device setter and train on their own server.
+
+The methods below are `TPUEstimator`'s public ones; where it adds checks, their
+docstrings say so.
 """
+from __future__ import annotations
+
 import collections
 import contextlib
 import copy
@@ -16,6 +21,9 @@ import os
 import socket
 import tempfile
 import threading
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -166,8 +174,11 @@ class Estimator(object):
   build a mode's model their way; this class knows no TPU.
   """
 
-  def __init__(self, model_fn, model_dir=None, config=None, params=None,
-               warm_start_from=None):
+  def __init__(self, model_fn: Callable[..., Any],
+               model_dir: str | os.PathLike | None = None,
+               config: run_config.RunConfig | None = None,
+               params: Mapping[str, Any] | None = None,
+               warm_start_from: str | WarmStartSettings | None = None):
     if config is None:
       config = run_config.RunConfig()
     _verify_model_fn_args(model_fn, params)
@@ -199,54 +210,119 @@ class Estimator(object):
     return config
 
   @property
-  def model_dir(self):
+  def model_dir(self) -> str:
+    """The directory of checkpoints, summaries and evaluations."""
     return self._model_dir
 
   @property
-  def config(self):
+  def config(self) -> run_config.RunConfig:
+    """A copy of the `RunConfig` in use (`model_dir` and `session_config`
+    filled in; a `TPUEstimator`'s has `log_step_count_steps` None, as TF's:
+    its own hooks log)."""
     return copy.deepcopy(self._config)
 
   @property
-  def params(self):
+  def params(self) -> Any:
+    """A copy of the `params` given (without what the estimator adds)."""
     return copy.deepcopy(self._params)
 
   @property
-  def model_fn(self):
+  def model_fn(self) -> Callable[..., Any]:
     """The model_fn bound to `params`: `(features, labels, mode, config) ->
-    EstimatorSpec`, as an export calls it (tf.estimator's `model_fn`)."""
+    EstimatorSpec`, as an export calls it (tf.estimator's `model_fn`).
+
+    A `TPUEstimator`'s runs the model as TF 2.15's exports it: on the CPU,
+    `params['use_tpu']` False, no `params['batch_size']`, a `TPUEstimatorSpec`
+    turned into its `EstimatorSpec`.
+    """
 
     def public_model_fn(features, labels, mode, config):
       return self._model_fn_as_exported(features, labels, mode, config)
 
     return public_model_fn
 
-  def eval_dir(self, name=None):
-    """Where `evaluate(name=...)` writes its summaries."""
+  def eval_dir(self, name: str | None = None) -> str:
+    """Where `evaluate(name=...)` writes its summaries.
+
+    Args:
+      name: the evaluation's name; None: the default evaluation.
+
+    Returns:
+      `<model_dir>/eval`, or `<model_dir>/eval_<name>`.
+    """
     return os.path.join(self._model_dir, 'eval' if not name else 'eval_' + name)
 
-  def latest_checkpoint(self):
+  def latest_checkpoint(self) -> str | None:
+    """The prefix of the newest checkpoint in `model_dir`, or None."""
     return checkpoints.latest_checkpoint(self._model_dir)
 
-  def get_variable_names(self):
+  def get_variable_names(self) -> list[str]:
+    """The names of the variables in the latest checkpoint (legacy names: a
+    table is `.../<column>_embedding/embedding_weights`, its slots below it).
+
+    Raises:
+      ValueError: `model_dir` has no checkpoint.
+    """
     return [name for name, _ in tf.train.list_variables(
         self._checkpoint_available())]
 
-  def get_variable_value(self, name):
+  def get_variable_value(self, name: str) -> np.ndarray:
+    """A variable's value in the latest checkpoint.
+
+    Args:
+      name: its name in the checkpoint (see `get_variable_names`).
+
+    Returns:
+      The value, a numpy array.
+
+    Raises:
+      ValueError: `model_dir` has no checkpoint.
+      tf.errors.NotFoundError: the checkpoint has no variable `name`.
+    """
     return tf.train.load_variable(self._checkpoint_available(), name)
 
   # Export --------------------------------------------------------------------
 
   def export_saved_model(self,
-                         export_dir_base,
-                         serving_input_receiver_fn,
-                         assets_extra=None,
-                         as_text=False,
-                         checkpoint_path=None,
-                         experimental_mode=ModeKeys.PREDICT):
+                         export_dir_base: str | bytes | os.PathLike,
+                         serving_input_receiver_fn: Callable[[], Any],
+                         assets_extra: Mapping[str, str] | None = None,
+                         as_text: bool = False,
+                         checkpoint_path: str | None = None,
+                         experimental_mode: str = ModeKeys.PREDICT) -> bytes:
     """Exports the `experimental_mode` graph (PREDICT: for serving) with a
     checkpoint's values (the latest, or `checkpoint_path`) as a SavedModel.
 
     Returns the timestamped export directory under `export_dir_base` (bytes).
+
+    A `TPUEstimator` exports the model as TF 2.15's does (see `model_fn`),
+    every embedding looked up on the CPU from the trained tables, whatever
+    the columns' training lookup device; `export_to_tpu=True` adds no TPU
+    meta graph without a TPU (logged).  The SavedModel loads with
+    `tf.saved_model.load` and runs with `saved_model_cli`, without tpu_fc.
+
+    Args:
+      export_dir_base: the directory the timestamped export directory is
+        made in.
+      serving_input_receiver_fn: `() -> ServingInputReceiver` (or
+        `TensorServingInputReceiver`; tpu_fc's or TF's), e.g. from
+        `tpu_fc.export.build_parsing_serving_input_receiver_fn`; for TRAIN or
+        EVAL, `() -> SupervisedInputReceiver`.
+      assets_extra: {path in the export's `assets.extra`: source file}
+        copied there; None: none.
+      as_text: write the SavedModel proto as text.
+      checkpoint_path: the checkpoint to export; None: the latest in
+        `model_dir`, else the warm-start checkpoint.
+      experimental_mode: the `ModeKeys` of the graph exported.
+
+    Returns:
+      The export directory, `export_dir_base/<timestamp>`, as bytes.
+
+    Raises:
+      ValueError: no `serving_input_receiver_fn`, no checkpoint to export,
+        `checkpoint_path` not a checkpoint, the graph needs variables the
+        checkpoint lacks, or (`TPUEstimator`) both `export_to_cpu` and
+        `export_to_tpu` False.
     """
     if not serving_input_receiver_fn:
       raise ValueError('An input_receiver_fn must be defined.')
@@ -254,18 +330,35 @@ class Estimator(object):
         export_dir_base, {experimental_mode: serving_input_receiver_fn},
         assets_extra, as_text, checkpoint_path)
 
-  def experimental_export_all_saved_models(self,
-                                           export_dir_base,
-                                           input_receiver_fn_map,
-                                           assets_extra=None,
-                                           as_text=False,
-                                           checkpoint_path=None):
+  def experimental_export_all_saved_models(
+      self,
+      export_dir_base: str | bytes | os.PathLike,
+      input_receiver_fn_map: Mapping[str, Callable[[], Any]],
+      assets_extra: Mapping[str, str] | None = None,
+      as_text: bool = False,
+      checkpoint_path: str | None = None) -> bytes:
     """One SavedModel with a meta graph per mode of `input_receiver_fn_map`
     ({ModeKeys: input_receiver_fn}; TRAIN, EVAL, PREDICT, each tagged as TF
     tags it) and one set of variables, a checkpoint's (the latest, or
     `checkpoint_path`), as tf.estimator's.
 
     Returns the timestamped export directory under `export_dir_base` (bytes).
+
+    Args:
+      export_dir_base: as in `export_saved_model`.
+      input_receiver_fn_map: `ModeKeys` value -> input_receiver_fn: a
+        `SupervisedInputReceiver` for TRAIN and EVAL (e.g.
+        `tpu_fc.export.build_raw_supervised_input_receiver_fn`), a
+        `ServingInputReceiver` for PREDICT.  TRAIN and EVAL signatures hold
+        the loss, predictions and metrics.
+      assets_extra, as_text, checkpoint_path: as in `export_saved_model`.
+
+    Returns:
+      The export directory, `export_dir_base/<timestamp>`, as bytes.
+
+    Raises:
+      ValueError: no mode to export, no checkpoint to export, or as in
+        `export_saved_model`.
     """
     if not checkpoint_path:
       self._checkpoint_to_export()  # TF's order: no checkpoint is told first
@@ -361,17 +454,51 @@ class Estimator(object):
   # Modes ---------------------------------------------------------------------
 
   def train(self,
-            input_fn,
-            hooks=None,
-            steps=None,
-            max_steps=None,
-            saving_listeners=None):
+            input_fn: Callable[..., Any],
+            hooks: Iterable[Any] | None = None,
+            steps: int | None = None,
+            max_steps: int | None = None,
+            saving_listeners: Iterable[Any] | None = None) -> Estimator:
     """Trains from the latest checkpoint in model_dir (or from scratch).
 
     `steps` more steps, up to global step `max_steps`, or until input ends.
     On a ps task of a cluster, serves variables instead, until stopped (where
     TF raised, so that one script can run on every task); on an evaluator
     task, raises as TF did (`train_and_evaluate` evaluates there).
+
+    Without a checkpoint, warm-starts from `warm_start_from` if given.  One
+    run trains a (local) model_dir at a time: a second fails at once instead
+    of overwriting the first's checkpoints.  A failed step loses no
+    checkpoint.
+    Bad input fails the step with an error naming the feature
+    (`docs/bad_input.md`).
+
+    Args:
+      input_fn: `(params[, mode, config, input_context]) -> Dataset` of
+        `(features, labels)` (or `features, labels` tensors); a
+        `TPUEstimator`'s must take `params` (`params['batch_size']`, and on
+        the emulated TPU `params['context']`).
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this training.
+      steps: how many steps to train this call (a positive int); None: until
+        `max_steps` or the input's end.
+      max_steps: the global step to stop at (a positive int); training that
+        already reached it returns at once.  Not with `steps`.
+      saving_listeners: `tf.compat.v1.train.CheckpointSaverListener`s called
+        around each checkpoint save (need a checkpoint interval).
+
+    Returns:
+      This estimator.
+
+    Raises:
+      ValueError: on an evaluator task; both `steps` and `max_steps`, or one
+        <= 0; listeners without checkpoint saving; the model_fn's or
+        input_fn's arguments (a `TPUEstimator`'s must take `params`; labels
+        given to a model_fn without `labels`); a spec the mode cannot run; on
+        the emulated TPU, a batch not divisible by the cores or a feature of
+        unknown static shape.
+      TypeError: a hook or listener of another type.
+      RuntimeError: another run is training this model_dir.
+      PermissionError: `model_dir` is not writable.
     """
     if self._config.task_type == 'evaluator':
       raise ValueError(
@@ -438,15 +565,44 @@ class Estimator(object):
     return built.spec
 
   def evaluate(self,
-               input_fn,
-               steps=None,
-               hooks=None,
-               checkpoint_path=None,
-               name=None):
+               input_fn: Callable[..., Any],
+               steps: int | None = None,
+               hooks: Iterable[Any] | None = None,
+               checkpoint_path: str | None = None,
+               name: str | None = None) -> dict[str, Any]:
     """Evaluates `steps` batches (None: until input ends) of a checkpoint.
 
     Returns the metrics dict with `loss` and `global_step`; summaries go to
     `eval_dir(name)`.
+
+    The checkpoint is held while it is read, so a trainer's
+    `keep_checkpoint_max` cannot delete it meanwhile.  Without a checkpoint,
+    the model is evaluated as initialized (logged).  A `TPUEstimator` on the
+    emulated TPU (`use_tpu=True`, `eval_on_tpu=True`) runs all `steps` in
+    one `session.run`, metrics over all shards, with no table update.
+
+    Args:
+      input_fn: as in `train`.
+      steps: batches to evaluate (a positive int); None: until the input
+        ends.  The emulated TPU needs it.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this evaluation.
+      checkpoint_path: the checkpoint to evaluate; None: the latest.
+      name: the evaluation's name, for evaluations on several data sets
+        (summaries in `eval_dir(name)`); None: the default.
+
+    Returns:
+      Metric name -> value: the `eval_metric_ops` (or the `metric_fn`'s)
+      metrics, `loss` (its mean over the batches) and `global_step`.
+
+    Raises:
+      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
+        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
+        checks of the model_fn and input_fn.
+      TypeError: a hook of another type; on the emulated TPU, `steps` not an
+        int.
+      RuntimeError: on the emulated TPU, a model_fn returning an
+        `EstimatorSpec` (evaluation there needs a `TPUEstimatorSpec`).
+      PermissionError: `eval_dir(name)` is not writable.
     """
     hooks = hooks_lib.check_hooks_type(hooks)
     self._start_cluster_server()
@@ -501,12 +657,40 @@ class Estimator(object):
                                    output_dir)
 
   def predict(self,
-              input_fn,
-              predict_keys=None,
-              hooks=None,
-              checkpoint_path=None,
-              yield_single_examples=True):
-    """Yields predictions (dicts, or the tensor's values) until input ends."""
+              input_fn: Callable[..., Any],
+              predict_keys: Iterable[str] | None = None,
+              hooks: Iterable[Any] | None = None,
+              checkpoint_path: str | None = None,
+              yield_single_examples: bool = True) -> Iterator[Any]:
+    """Yields predictions (dicts, or the tensor's values) until input ends.
+
+    A generator: it builds, restores and raises when first iterated.  A
+    `TPUEstimator` with `use_tpu=True` looks up on the CPU, as TF's default
+    lookup device does for inference, runs the model_fn once per input batch
+    (under `PER_HOST_V2` a core's) and pads a short last batch, dropping the
+    padding's predictions.
+
+    Args:
+      input_fn: as in `train`; labels it returns are ignored.
+      predict_keys: the keys of a predictions dict to compute; None: all.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
+      checkpoint_path: the checkpoint to predict with; None: the latest (none:
+        the model as initialized, logged).
+      yield_single_examples: True: one example at a time (each tensor split
+        along its first dimension); False: whole batches.
+
+    Yields:
+      Per example (or batch): a dict of the predictions' values, or the value
+      of a single predictions tensor.
+
+    Raises:
+      ValueError: `predict_keys` with non-dict predictions or naming none of
+        them, predictions of different batch sizes (single examples),
+        `checkpoint_path` not a checkpoint, and `train`'s checks of the
+        model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
+        or one not divisible by the cores.
+      TypeError: a hook of another type.
+    """
     hooks = hooks_lib.check_hooks_type(hooks)
     self._start_cluster_server()
 

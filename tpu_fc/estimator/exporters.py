@@ -8,8 +8,11 @@ deletes the oldest; `BestExporter` exports when `compare_fn` says the new
 evaluation is better than the best one, which it first reads back from the
 evaluation event files (so a restarted job does not export a worse model).
 """
+from __future__ import annotations
+
 import abc
 import os
+from typing import Any, Callable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -26,16 +29,29 @@ class Exporter(object):
   """
 
   @abc.abstractproperty
-  def name(self):
+  def name(self) -> str:
     """The directory name under the export base; neither `None` nor empty."""
 
   @abc.abstractmethod
-  def export(self, estimator, export_path, checkpoint_path, eval_result,
-             is_the_final_export):
+  def export(self, estimator: Any, export_path: str, checkpoint_path: str,
+             eval_result: Mapping[str, Any], is_the_final_export: bool
+             ) -> bytes | None:
     """Exports `checkpoint_path`; returns the export directory, or None if skipped.
 
     `is_the_final_export` is True for the evaluation at the end of training
     (never when `TrainSpec.max_steps` is None).
+
+    Args:
+      estimator: the `TPUEstimator` to export.
+      export_path: the export base (`<model_dir>/export/<name>`); the
+        SavedModel goes into a timestamped directory below it.
+      checkpoint_path: the checkpoint just evaluated.
+      eval_result: that evaluation's metrics dict.
+      is_the_final_export: see above.
+
+    Returns:
+      The export directory (bytes, as `export_saved_model` returns it), or
+      None when this exporter skipped the export.
     """
 
 
@@ -88,10 +104,23 @@ def _garbage_collect_exports(export_dir_base, exports_to_keep):
 
 
 class LatestExporter(Exporter):
-  """Exports after every evaluation, keeping the `exports_to_keep` newest."""
+  """Exports after every evaluation, keeping the `exports_to_keep` newest.
 
-  def __init__(self, name, serving_input_receiver_fn, assets_extra=None,
-               as_text=False, exports_to_keep=5):
+  Args:
+    name: the export directory's name under `<model_dir>/export`.
+    serving_input_receiver_fn: as `TPUEstimator.export_saved_model` takes it.
+    assets_extra: as `TPUEstimator.export_saved_model` takes it.
+    as_text: as `TPUEstimator.export_saved_model` takes it.
+    exports_to_keep: the newest exports kept (older timestamped directories
+      are deleted); None: all.
+
+  Raises:
+    ValueError: `exports_to_keep` <= 0.
+  """
+
+  def __init__(self, name: str, serving_input_receiver_fn: Callable[[], Any],
+               assets_extra: Mapping[str, str] | None = None,
+               as_text: bool = False, exports_to_keep: int | None = 5):
     self._saved_model_exporter = _SavedModelExporter(
         name, serving_input_receiver_fn, assets_extra, as_text)
     self._exports_to_keep = exports_to_keep
@@ -113,10 +142,19 @@ class LatestExporter(Exporter):
 
 
 class FinalExporter(Exporter):
-  """Exports once, after the evaluation at the end of training."""
+  """Exports once, after the evaluation at the end of training.
 
-  def __init__(self, name, serving_input_receiver_fn, assets_extra=None,
-               as_text=False):
+  The end of training is the global step reaching `TrainSpec.max_steps`:
+  without `max_steps` it never exports.
+
+  Args:
+    name, serving_input_receiver_fn, assets_extra, as_text: as in
+      `LatestExporter`.
+  """
+
+  def __init__(self, name: str, serving_input_receiver_fn: Callable[[], Any],
+               assets_extra: Mapping[str, str] | None = None,
+               as_text: bool = False):
     self._saved_model_exporter = _SavedModelExporter(
         name, serving_input_receiver_fn, assets_extra, as_text)
 
@@ -168,16 +206,32 @@ class BestExporter(Exporter):
   `event_file_pattern` (relative to model_dir), read on the first export for a
   model_dir, so the exporter survives restarts; the first export always
   happens.
+
+  Args:
+    name: the export directory's name under `<model_dir>/export`.
+    serving_input_receiver_fn: as `TPUEstimator.export_saved_model` takes it.
+    event_file_pattern: the event files holding earlier evaluations, relative
+      to model_dir (the default matches `evaluate()` without a name); None:
+      the best starts unknown.
+    compare_fn: `(best_eval_result, current_eval_result) -> bool`, True when
+      the current evaluation is better; the default compares `loss` (smaller
+      is better) and raises `ValueError` for a result without one.
+    assets_extra, as_text: as in `LatestExporter`.
+    exports_to_keep: as in `LatestExporter`.
+
+  Raises:
+    ValueError: `compare_fn` None or not taking exactly `best_eval_result`
+      and `current_eval_result`, or `exports_to_keep` <= 0.
   """
 
   def __init__(self,
-               name='best_exporter',
-               serving_input_receiver_fn=None,
-               event_file_pattern='eval/*.tfevents.*',
-               compare_fn=_loss_smaller,
-               assets_extra=None,
-               as_text=False,
-               exports_to_keep=5):
+               name: str = 'best_exporter',
+               serving_input_receiver_fn: Callable[[], Any] | None = None,
+               event_file_pattern: str | None = 'eval/*.tfevents.*',
+               compare_fn: Callable[..., bool] = _loss_smaller,
+               assets_extra: Mapping[str, str] | None = None,
+               as_text: bool = False,
+               exports_to_keep: int | None = 5):
     self._compare_fn = compare_fn
     if self._compare_fn is None:
       raise ValueError('`compare_fn` must not be None.')

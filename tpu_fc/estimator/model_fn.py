@@ -5,14 +5,21 @@ takes tensorflow_estimator's own `EstimatorSpec`, so model_fns written against
 `tf.estimator.EstimatorSpec` run unchanged.  The TPU's spec is in
 `tpu_fc.estimator.tpu.tpu_estimator_spec`.
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Iterable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 
 
 class ModeKeys(object):
-  """Standard names for model modes (values equal tf.estimator.ModeKeys)."""
+  """Standard names for model modes (values equal tf.estimator.ModeKeys).
+
+  A model_fn's `mode` argument is one of these strings, so a model_fn compares
+  it with TF's `tf.estimator.ModeKeys` or tpu_fc's alike.
+  """
   TRAIN = 'train'
   EVAL = 'eval'
   PREDICT = 'infer'
@@ -173,20 +180,56 @@ class EstimatorSpec(
   """What a model_fn returns for one mode (legacy `tf.estimator.EstimatorSpec`).
 
   TRAIN needs `loss` and `train_op`, EVAL `loss`, PREDICT `predictions`.
+  Every tensor must come from the graph the model_fn was called in.
+  A `TPUEstimator` takes it in every mode with `use_tpu=False`; on the
+  emulated TPU, as TF 2.15 on a TPU, training takes it without
+  `training_chief_hooks` (a `ValueError`) and ignores its `scaffold` (logged),
+  evaluation refuses it (a `RuntimeError`: return a `TPUEstimatorSpec`).
+
+  Args:
+    mode: the `ModeKeys` value the model_fn was called with.
+    predictions: a tensor or a dict of tensors: what `predict` yields and an
+      export serves by default.
+    loss: the scalar loss tensor (a one-element tensor is reshaped to a
+      scalar).
+    train_op: the op (or tensor) that runs one training step.
+    eval_metric_ops: metric name -> `(value tensor, update op)`, or a Keras
+      metric object whose `update_state` was called; the metrics `evaluate`
+      returns (with `loss`).
+    export_outputs: signature name -> `tf.estimator.export.ExportOutput`
+      (`tpu_fc.export`'s `PredictOutput`, ...), the serving signatures of an
+      export; None in PREDICT: a `PredictOutput` of `predictions` as
+      `serving_default`.
+    training_chief_hooks: `SessionRunHook`s run by the chief's training.
+    training_hooks: `SessionRunHook`s run by every training task.
+    scaffold: a `tf.compat.v1.train.Scaffold` (init ops, saver, ...); None: a
+      default one.
+    evaluation_hooks: `SessionRunHook`s run by `evaluate`.
+    prediction_hooks: `SessionRunHook`s run by `predict`.
+
+  Raises:
+    ValueError: the mode's required field is missing, `loss` is not scalar,
+      a tensor or op is from another graph, or a Keras metric was never
+      updated.
+    TypeError: a field of the wrong type: `loss` or a prediction not a
+      tensor, `train_op` neither op nor tensor, a hook not a
+      `SessionRunHook`, `eval_metric_ops` not a dict of pairs or metrics,
+      `export_outputs` not a dict of `ExportOutput`s, `scaffold` not a
+      `Scaffold`.
   """
 
   def __new__(cls,
-              mode,
-              predictions=None,
-              loss=None,
-              train_op=None,
-              eval_metric_ops=None,
-              export_outputs=None,
-              training_chief_hooks=None,
-              training_hooks=None,
-              scaffold=None,
-              evaluation_hooks=None,
-              prediction_hooks=None):
+              mode: str,
+              predictions: tf.Tensor | Mapping[str, tf.Tensor] | None = None,
+              loss: tf.Tensor | None = None,
+              train_op: tf.Operation | tf.Tensor | None = None,
+              eval_metric_ops: Mapping[str, Any] | None = None,
+              export_outputs: Mapping[str, Any] | None = None,
+              training_chief_hooks: Iterable[Any] | None = None,
+              training_hooks: Iterable[Any] | None = None,
+              scaffold: Any = None,
+              evaluation_hooks: Iterable[Any] | None = None,
+              prediction_hooks: Iterable[Any] | None = None):
     train_op = validate_train_op(train_op, mode)
     loss = validate_loss(loss, mode)
     predictions = validate_predictions(predictions, mode)

@@ -8,10 +8,13 @@ with a `ps` job; see `tpu_fc.estimator.distributed`) stands in for `TF_CONFIG`,
 another (a TPU's) gives the master and cluster spec.  The TPU's `RunConfig`
 (with `tpu_config`) is `tpu_fc.estimator.tpu.tpu_config.RunConfig`.
 """
+from __future__ import annotations
+
 import copy
 import inspect
 import json
 import os
+from typing import Any, Callable
 
 from tpu_fc._tf import tf
 
@@ -287,34 +290,95 @@ class RunConfig(object):
   `sync_replicas` (tpu_fc's own): in a parameter-server cluster, aggregate the
   gradients of all training tasks every step, with `SyncReplicasOptimizer`
   semantics, instead of training asynchronously (Estimator's default).
+
+  The cluster roles are read-only attributes: `cluster_spec`, `task_type`,
+  `task_id`, `master`, `evaluation_master`, `is_chief`, `num_ps_replicas`,
+  `num_worker_replicas`, `global_id_in_cluster`; so is every argument.
+  `TPUEstimator` takes the TPU's `RunConfig` (`tpu_fc.RunConfig`), whose
+  keyword arguments these are.
+
+  Args:
+    evaluation_master: the session target of evaluation; None: TF_CONFIG's
+      `eval_session_master`, else `master`.
+    master: the session target of training; None: TF_CONFIG's
+      `session_master`, else '' (in process) for a one-task or no cluster,
+      else this task's `grpc://` address (a TPU resolver's master with
+      `cluster`).
+    cluster: a `tf.distribute.cluster_resolver.ClusterResolver` (see above);
+      not with `master`.
+    model_dir: where checkpoints and summaries go (a `pathlib` path too);
+      None: TF_CONFIG's `model_dir`, else the estimator's `model_dir`
+      argument, else a new temporary directory.
+    tf_random_seed: the graph-level seed of every graph built (same seed,
+      same initial values); None: none.
+    save_summary_steps: training summaries every this many steps; 0 or None:
+      none.
+    save_checkpoints_steps: a checkpoint every this many steps; not with
+      `save_checkpoints_secs`.
+    save_checkpoints_secs: a checkpoint every this many seconds (600 when
+      neither is given); both None: no checkpoints while training.
+    session_config: the `tf.compat.v1.ConfigProto` of every session; None:
+      the Estimator's (soft placement, one Grappler pass; the emulated TPU
+      also turns Grappler's arithmetic optimizer off unless it is set).
+    keep_checkpoint_max: the newest checkpoints kept; 0 or None: all.
+    keep_checkpoint_every_n_hours: also keep one checkpoint every this many
+      hours.
+    log_step_count_steps: `TPUEstimator` logs the step rate (on the emulated
+      TPU also the loss) every this many steps, rounded up to whole loops of
+      `iterations_per_loop`; None: never.
+    session_creation_timeout_secs: how long a session may wait to become
+      available (a worker for the chief's) before failing.
+    checkpoint_save_graph_def: whether checkpoints and summaries write the
+      graph.
+    device_fn: `op -> device` placing every op of the training graph; None:
+      Estimator's replica device setter in a parameter-server cluster.
+    protocol: the protocol of this task's server in a cluster (e.g. 'grpc');
+      None: TF's default.
+    sync_replicas: see above (False: asynchronous training).
+    experimental_max_worker_delay_secs: the longest a worker waits before it
+      starts training in `train_and_evaluate` (default 60 s).
+    train_distribute, eval_distribute, experimental_distribute: must be None:
+      tpu_fc runs no `tf.distribute` strategy.
+
+  Raises:
+    ValueError: both checkpoint intervals set, an empty `model_dir` or one
+      other than TF_CONFIG's, both `master` and `cluster`, a value out of its
+      range (negative steps, seconds or counts; `keep_checkpoint_every_n_hours`,
+      `log_step_count_steps` or `session_creation_timeout_secs` <= 0), a
+      `tf_random_seed` or `experimental_max_worker_delay_secs` that is no int,
+      a `session_config` that is no `ConfigProto`, a `device_fn` not taking
+      exactly `op`, a distribution strategy, a TPU resolver with a
+      `session_config` that has a cluster def, or a TF_CONFIG whose cluster
+      and task do not fit (TF 2.15's checks).
+    TypeError: TF_CONFIG's `service` is not a dict.
   """
 
   # Fields `replace` takes, all of the keyword arguments, as in Estimator.
   REPLACEABLE = KWARG_FIELDS
 
   def __init__(self,
-               evaluation_master=None,
-               master=None,
-               cluster=None,
+               evaluation_master: str | None = None,
+               master: str | None = None,
+               cluster: Any = None,
                *,
-               model_dir=None,
-               tf_random_seed=None,
-               save_summary_steps=100,
-               save_checkpoints_steps=_USE_DEFAULT,
-               save_checkpoints_secs=_USE_DEFAULT,
-               session_config=None,
-               keep_checkpoint_max=5,
-               keep_checkpoint_every_n_hours=10000,
-               log_step_count_steps=100,
-               session_creation_timeout_secs=7200,
-               checkpoint_save_graph_def=True,
-               device_fn=None,
-               protocol=None,
-               sync_replicas=False,
-               experimental_max_worker_delay_secs=None,
-               train_distribute=None,
-               eval_distribute=None,
-               experimental_distribute=None):
+               model_dir: str | os.PathLike | None = None,
+               tf_random_seed: int | None = None,
+               save_summary_steps: int | None = 100,
+               save_checkpoints_steps: int | None = _USE_DEFAULT,
+               save_checkpoints_secs: int | None = _USE_DEFAULT,
+               session_config: tf.compat.v1.ConfigProto | None = None,
+               keep_checkpoint_max: int | None = 5,
+               keep_checkpoint_every_n_hours: float = 10000,
+               log_step_count_steps: int | None = 100,
+               session_creation_timeout_secs: float = 7200,
+               checkpoint_save_graph_def: bool = True,
+               device_fn: Callable[[tf.Operation], Any] | None = None,
+               protocol: str | None = None,
+               sync_replicas: bool = False,
+               experimental_max_worker_delay_secs: int | None = None,
+               train_distribute: None = None,
+               eval_distribute: None = None,
+               experimental_distribute: None = None):
     if (save_checkpoints_steps is _USE_DEFAULT and
         save_checkpoints_secs is _USE_DEFAULT):
       save_checkpoints_steps, save_checkpoints_secs = None, 600
@@ -405,8 +469,23 @@ class RunConfig(object):
   num_ps_replicas = field('num_ps_replicas')
   num_worker_replicas = field('num_worker_replicas')
 
-  def replace(self, **kwargs):
-    """Returns a copy with the given fields replaced (legacy rules)."""
+  def replace(self, **kwargs: Any) -> RunConfig:
+    """A copy with some keyword arguments changed, as `tf.estimator.RunConfig`'s.
+
+    Setting one checkpoint interval to a value clears the other.
+
+    Args:
+      **kwargs: keyword arguments of the constructor by name (of the TPU's
+        `RunConfig`, also `tpu_config`).
+
+    Returns:
+      A new `RunConfig` of this class.
+
+    Raises:
+      ValueError: a name that is not a keyword argument (the cluster roles
+        cannot be replaced), both checkpoint intervals set, or a value the
+        constructor refuses.
+    """
     for key in kwargs:
       if key not in self.REPLACEABLE:
         raise ValueError(

@@ -20,9 +20,12 @@ schedule:
 Specs and exporters made with tensorflow_estimator's classes are accepted too,
 so a script may mix TF 2.15's names with tpu_fc's estimator.
 """
+from __future__ import annotations
+
 import collections
 import os
 import time
+from typing import Any, Callable, Iterable
 
 from tpu_fc._tf import tf
 from tpu_fc.estimator import distributed
@@ -116,9 +119,24 @@ class TrainSpec(
 
   `max_steps` is the only stop condition (None: train forever); `hooks` run on
   every training task, `saving_listeners` on the chief.
+
+  Args:
+    input_fn: the training input_fn, as `TPUEstimator.train` takes it.
+    max_steps: the global step training stops at (a positive int); None:
+      until the input ends; reaching it also makes the last evaluation's
+      exports final (`FinalExporter`).
+    hooks: `tf.compat.v1.train.SessionRunHook`s of the training.
+    saving_listeners: `tf.compat.v1.train.CheckpointSaverListener`s of the
+      chief's checkpoint saves.
+
+  Raises:
+    TypeError: `input_fn` not callable, a hook or listener of another type.
+    ValueError: `max_steps` <= 0.
   """
 
-  def __new__(cls, input_fn, max_steps=None, hooks=None, saving_listeners=None):
+  def __new__(cls, input_fn: Callable[..., Any], max_steps: int | None = None,
+              hooks: Iterable[Any] | None = None,
+              saving_listeners: Iterable[Any] | None = None):
     _validate_input_fn(input_fn)
     if max_steps is not None and max_steps <= 0:
       raise ValueError(
@@ -139,16 +157,37 @@ class EvalSpec(
   `steps` batches per evaluation (None: until input ends), summaries under
   `eval_<name>`, `exporters` run after each evaluation, evaluations at least
   `throttle_secs` apart; `start_delay_secs` delays the evaluator task.
+
+  Args:
+    input_fn: the evaluation input_fn, as `TPUEstimator.evaluate` takes it.
+    steps: batches per evaluation (a positive int); None: until the input
+      ends (the emulated TPU needs steps, as a TPU does).
+    name: the evaluation's name: summaries under `eval_<name>`; None: `eval`.
+    hooks: `tf.compat.v1.train.SessionRunHook`s of each evaluation.
+    exporters: an `Exporter` or an iterable of them (tpu_fc's or
+      tensorflow_estimator's), run after each evaluation, each into
+      `<model_dir>/export/<its name>`; None: no export.
+    start_delay_secs: how long the `evaluator` task of a cluster waits before
+      its first evaluation (not used locally).
+    throttle_secs: the least time between two evaluations: a checkpoint
+      written sooner after the last evaluation is not evaluated (the last one
+      always is).
+
+  Raises:
+    TypeError: `input_fn` not callable, `name` not a string, a hook or
+      exporter of another type.
+    ValueError: `steps` <= 0, a negative delay, or exporters without a name,
+      with a name that is not a string, or with the same name.
   """
 
   def __new__(cls,
-              input_fn,
-              steps=100,
-              name=None,
-              hooks=None,
-              exporters=None,
-              start_delay_secs=120,
-              throttle_secs=600):
+              input_fn: Callable[..., Any],
+              steps: int | None = 100,
+              name: str | None = None,
+              hooks: Iterable[Any] | None = None,
+              exporters: Any = None,
+              start_delay_secs: float = 120,
+              throttle_secs: float = 600):
     _validate_input_fn(input_fn)
     if steps is not None and steps <= 0:
       raise ValueError('Must specify steps > 0, given: {}'.format(steps))
@@ -183,12 +222,30 @@ def _eval_spec(eval_spec):
                   'Got: {}')
 
 
-def train_and_evaluate(estimator, train_spec, eval_spec):
+def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
+                       eval_spec: EvalSpec) -> tuple[Any, Any] | None:
   """Trains, evaluates and exports `estimator` (a `TPUEstimator`) as TF 2.15 did.
 
-  See the module doc for the schedule.  Returns `(eval_result,
-  export_results)` of the last evaluation locally (both None when training
-  had already reached `max_steps`), None on the tasks of a cluster.
+  See the module doc for the schedule.
+
+  Args:
+    estimator: a `tpu_fc.TPUEstimator` (after `install()`, TF's own
+      `tf.estimator.train_and_evaluate` is called for TF's estimators).
+    train_spec: a `TrainSpec` (tpu_fc's or tensorflow_estimator's).
+    eval_spec: an `EvalSpec` (tpu_fc's or tensorflow_estimator's).
+
+  Returns:
+    Locally, `(eval_result, export_results)` of the last evaluation: its
+    metrics dict and the exporters' results (both None when training had
+    already reached `max_steps`); None on the tasks of a cluster.
+
+  Raises:
+    TypeError: `estimator` is not tpu_fc's, or a spec of another type.
+    ValueError: an `evaluator` task with an id other than 0, or in a cluster
+      a task type that is missing, `local` or unknown.
+    RuntimeError: locally, no new checkpoint to evaluate at the end of
+      training; in a cluster, no master or cluster to start this task's
+      server with.
   """
   eval_spec = _eval_spec(eval_spec)
   executor = _TrainingExecutor(estimator, train_spec, eval_spec)

@@ -3,8 +3,11 @@
 tensorflow-estimator 2.15, its `tpu_config.py`): same fields, defaults and
 error texts.
 """
+from __future__ import annotations
+
 import collections
 import re
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -13,7 +16,19 @@ from tpu_fc.estimator import run_config
 
 
 class InputPipelineConfig(object):
-  """How `input_fn` is deployed on TPU hosts; see `TPUConfig`."""
+  """How `input_fn` is deployed on TPU hosts; see `TPUConfig`.
+
+  On the emulated TPU (one host; `docs/emulation.md`), as TF 2.15 deploys it:
+  `PER_HOST_V1` (the default): input_fn is called once with the global batch
+  size, core c takes slice c of each batch.  `PER_HOST_V2`: called once with
+  a core's batch size, it must return a Dataset; core c of step s takes its
+  batch s * cores + c.  `PER_SHARD_V1` (training only; elsewhere as
+  `PER_HOST_V1`): called once per core with a core's batch size, returning
+  features and labels, not a Dataset.  `BROADCAST`: called once with the
+  global batch size, every core takes the whole batch (no embedding
+  features).  `SLICED` (for `eval_training_input_configuration`): evaluation
+  and prediction call input_fn once with the global batch size and slice it.
+  """
   PER_SHARD_V1 = 1
   PER_HOST_V1 = 2
   PER_HOST_V2 = 3
@@ -81,21 +96,65 @@ class TPUConfig(
   """TPU settings of a `RunConfig` (legacy `tf.estimator.tpu.TPUConfig`).
 
   `per_host_input_for_training` True/False is stored as PER_HOST_V1 /
-  PER_SHARD_V1.
+  PER_SHARD_V1.  Every field is taken and checked as TF 2.15 does; those
+  about TPU hardware tpu_fc has none of are kept and not read (said below).
+
+  Args:
+    iterations_per_loop: training steps per `session.run` on the emulated
+      TPU, in an in-graph loop (the global step moves that many per run;
+      hooks see one run); or `'<N>s'`, `'<N>m'`, `'<N>h'`: a time, which runs
+      one step per `session.run` and logs every N seconds.  Evaluation on the
+      emulated TPU runs all its `steps` in one run instead.  With
+      `use_tpu=False`, one step per run.
+    num_shards: the TPU cores to emulate; None: 1.  1 itself is refused
+      with an `embedding_config_spec` (and warned about otherwise), as in TF
+      2.15.
+    num_cores_per_replica: model parallelism, which is not emulated: checked
+      (1, 2, 4, ..., 128), and `params['context'].device_assignment` then
+      raises `NotImplementedError`.
+    per_host_input_for_training: how input_fn feeds the cores in training: an
+      `InputPipelineConfig` value, True (`PER_HOST_V1`) or False
+      (`PER_SHARD_V1`).
+    tpu_job_name: kept, not read (no TPU job); None: TF_CONFIG's
+      `service.tpu_worker_job_name`.
+    initial_infeed_sleep_secs: kept, not read (no infeed thread); a positive
+      int if given.
+    input_partition_dims: kept, not read (no spatial partitioning); checked
+      as TF 2.15 does.
+    eval_training_input_configuration: `PER_HOST_V1` (evaluation and
+      prediction as training's pipeline decides) or `SLICED` (one input_fn
+      call with the global batch, sliced over the cores; only with
+      `use_tpu=True`).
+    experimental_host_call_every_n_steps: in the emulated TPU's training
+      loop, a `host_call` runs on a loop's first step and every this many
+      after it.
+    experimental_allow_per_host_v2_parallel_get_next: kept, not read: the
+      emulated cores take `PER_HOST_V2` batches in order.
+    experimental_feed_hook: kept, not read (no infeed or outfeed).
+
+  Raises:
+    ValueError: an `iterations_per_loop` that is neither a positive int nor
+      a time, `num_shards` <= 0 or `initial_infeed_sleep_secs` <= 0,
+      `input_partition_dims` of other than one or two elements or without
+      `PER_HOST_V2` and `num_cores_per_replica`, another
+      `num_cores_per_replica`, or another
+      `eval_training_input_configuration`.
+    TypeError: `num_shards` or `initial_infeed_sleep_secs` that is no int.
   """
 
   def __new__(cls,
-              iterations_per_loop=2,
-              num_shards=None,
-              num_cores_per_replica=None,
-              per_host_input_for_training=True,
-              tpu_job_name=None,
-              initial_infeed_sleep_secs=None,
-              input_partition_dims=None,
-              eval_training_input_configuration=InputPipelineConfig.PER_HOST_V1,
-              experimental_host_call_every_n_steps=1,
-              experimental_allow_per_host_v2_parallel_get_next=False,
-              experimental_feed_hook=None):
+              iterations_per_loop: int | str = 2,
+              num_shards: int | None = None,
+              num_cores_per_replica: int | None = None,
+              per_host_input_for_training: bool | int = True,
+              tpu_job_name: str | None = None,
+              initial_infeed_sleep_secs: int | None = None,
+              input_partition_dims: Sequence[Any] | None = None,
+              eval_training_input_configuration: int = (
+                  InputPipelineConfig.PER_HOST_V1),
+              experimental_host_call_every_n_steps: int = 1,
+              experimental_allow_per_host_v2_parallel_get_next: bool = False,
+              experimental_feed_hook: Any = None):
     parse_iterations_per_loop(iterations_per_loop)
     if num_shards is not None:
       check_positive_integer(num_shards, 'TPUConfig num_shards')
@@ -165,12 +224,28 @@ def coerce_tpu_config(tpu_config):
 
 class RunConfig(run_config.RunConfig):
   """Immutable run configuration (legacy `tf.estimator.tpu.RunConfig`): the
-  Estimator's, with the `TPUConfig` first."""
+  Estimator's, with the `TPUConfig` first.
+
+  What `TPUEstimator(config=...)` takes; `tpu_config` is one more read-only
+  attribute.
+
+  Args:
+    tpu_config: a `TPUConfig` (or an object with its fields, e.g. TF 2.15's);
+      None: `TPUConfig()`.
+    evaluation_master, master, cluster, **kwargs: those of the Estimator's
+      `tpu_fc.estimator.run_config.RunConfig` (model_dir, checkpoint and
+      summary intervals, session_config, ...).
+
+  Raises:
+    TypeError: a `tpu_config` without `TPUConfig`'s fields.
+    ValueError: see the Estimator's `RunConfig` and `TPUConfig`.
+  """
 
   REPLACEABLE = run_config.KWARG_FIELDS + ('tpu_config',)
 
-  def __init__(self, tpu_config=None, evaluation_master=None, master=None,
-               cluster=None, **kwargs):
+  def __init__(self, tpu_config: TPUConfig | None = None,
+               evaluation_master: str | None = None, master: str | None = None,
+               cluster: Any = None, **kwargs: Any):
     super().__init__(evaluation_master, master, cluster, **kwargs)
     self._values['tpu_config'] = coerce_tpu_config(tpu_config)
 

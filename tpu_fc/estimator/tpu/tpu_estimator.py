@@ -8,9 +8,13 @@ export look up on the CPU, as TPUEstimator's default lookup device does for
 inference.  What it adds to the Estimator is in `_build_mode_graph` and the
 hooks it overrides: batch sizes and `params['context']`, the TPU's checks.
 """
+from __future__ import annotations
+
 import contextlib
 import copy
 import math
+import os
+from typing import Any, Callable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -129,27 +133,89 @@ class TPUEstimator(estimator.Estimator):
   """Legacy `tf.compat.v1.estimator.tpu.TPUEstimator`, same constructor.
 
   model_fn and input_fn must take `params`: `params['batch_size']` is the
-  mode's global batch size (when given) and model_fn's `params['use_tpu']` says
-  whether the mode runs on TPU. model_fn may return `TPUEstimatorSpec` or
-  `EstimatorSpec` (tpu_fc's or tensorflow_estimator's).
+  mode's batch size as TF 2.15 gives it (when given) and model_fn's
+  `params['use_tpu']` says whether the mode runs on TPU. model_fn may return
+  `TPUEstimatorSpec` or `EstimatorSpec` (tpu_fc's or tensorflow_estimator's).
+
+  With `use_tpu=False` every mode runs the model_fn once as a plain CPU graph,
+  exactly as TF 2.15's `TPUEstimator(use_tpu=False)`: the columns are plain
+  feature columns, the spec's optimizer is ignored, `params['batch_size']` is
+  the global batch size.  With `use_tpu=True` (no TPU is driven: it is
+  emulated on the host, logged once) training and evaluation run the model_fn
+  once per emulated core (`TPUConfig.num_shards`, 1 if None) on its batch,
+  `params['batch_size']` per core (per `TPUConfig.per_host_input_for_training`,
+  as TF 2.15 deploys input_fn; `docs/emulation.md`), `params['context']` the
+  emulated system; embedding-core columns give activations and the host
+  engine trains their tables with the spec's optimizer and the TPU's update
+  rules; `iterations_per_loop` steps run in one `session.run`.  Prediction
+  and export look up on the CPU.
+
+  Args:
+    model_fn: `(features, labels, mode, params[, config]) ->
+      TPUEstimatorSpec` (or `EstimatorSpec`); it must take `params`.
+    model_dir: where checkpoints, summaries and evaluations go (a `pathlib`
+      path too); None: `config`'s, else a new temporary directory.
+    config: a `tpu_fc.RunConfig` (or TF 2.15's `tpu.RunConfig`, read
+      attribute by attribute); required, as in TF 2.15.
+    params: a dict (or HParams) deep-copied into every model_fn and input_fn
+      call; its keys `batch_size` and `context` are the estimator's.
+    use_tpu: see above.
+    train_batch_size: the global training batch size (all cores); required
+      with `use_tpu=True`, divisible by the cores.
+    eval_batch_size: the global evaluation batch size; required for
+      evaluation on the emulated TPU.
+    predict_batch_size: the global prediction batch size; required for
+      prediction with `use_tpu=True`, divisible by the cores (but under
+      `BROADCAST`).
+    batch_axis: TF's per-feature batch dimensions for sharding; kept, not
+      read: the emulated cores split each input along its first dimension.
+    eval_on_tpu: False evaluates on the CPU with `use_tpu=True` (a plain
+      graph, as with `use_tpu=False`, reading the TPU-trained tables);
+      ignored (logged) with `use_tpu=False`.
+    export_to_tpu: TF's: add a TPU meta graph to the export; there is none
+      without a TPU (logged).
+    export_to_cpu: TF's: export the CPU (serving) graph; one of the two must
+      be True.
+    warm_start_from: a checkpoint (or its directory, or a SavedModel) path,
+      or `tf.estimator.WarmStartSettings`, initializing a training that has
+      no checkpoint yet.
+    embedding_config_spec: the `EmbeddingConfigSpec` of the model's TPU
+      embedding columns (or dict configs); None: a model without TPU
+      embeddings.
+    export_saved_model_api_version: 1 or 2 (or TF's enum), as TF 2.15 takes
+      it; it shapes only a TPU meta graph, which no export here writes.
+
+  Raises:
+    ValueError: no `config` or one without a `tpu_config`; the model_fn's
+      arguments (no `features` or `params`, an argument Estimator does not
+      pass); `params` holding `batch_size` or `context`; `model_dir` other
+      than `config`'s; with `use_tpu=True`, no `train_batch_size`, a batch
+      size <= 0, an `embedding_config_spec` with an input pipeline other than
+      `PER_HOST_V1` / `PER_HOST_V2`, or `PER_SHARD_V1` with
+      `num_cores_per_replica`; `partition_strategy='mod'` evaluated on the
+      CPU; `num_shards=1` with an `embedding_config_spec`; an
+      `export_saved_model_api_version` other than 1 or 2; a
+      `warm_start_from` of another type.
+    TypeError: no `model_fn` (None is TF's default, but required), a batch
+      size that is no int, or a `tpu_config` that is no `TPUConfig`.
   """
 
   def __init__(self,
-               model_fn=None,
-               model_dir=None,
-               config=None,
-               params=None,
-               use_tpu=True,
-               train_batch_size=None,
-               eval_batch_size=None,
-               predict_batch_size=None,
-               batch_axis=None,
-               eval_on_tpu=True,
-               export_to_tpu=True,
-               export_to_cpu=True,
-               warm_start_from=None,
-               embedding_config_spec=None,
-               export_saved_model_api_version=1):
+               model_fn: Callable[..., Any] | None = None,
+               model_dir: str | os.PathLike | None = None,
+               config: tpu_config.RunConfig | None = None,
+               params: Mapping[str, Any] | None = None,
+               use_tpu: bool = True,
+               train_batch_size: int | None = None,
+               eval_batch_size: int | None = None,
+               predict_batch_size: int | None = None,
+               batch_axis: Any = None,
+               eval_on_tpu: bool = True,
+               export_to_tpu: bool = True,
+               export_to_cpu: bool = True,
+               warm_start_from: Any = None,
+               embedding_config_spec: Any = None,
+               export_saved_model_api_version: Any = 1):
     config = tpu_config.coerce_run_config(config)
     # (TF's enum or 1 / 2; it shapes only the TPU meta graph of an export,
     # which no TPU here writes.)
@@ -196,7 +262,7 @@ class TPUEstimator(estimator.Estimator):
         ModeKeys.EVAL: eval_batch_size,
         ModeKeys.PREDICT: predict_batch_size,
     }
-    # Read by the TPU embedding engine and export only.
+    # Kept as TF keeps it; the emulation splits inputs along their first axis.
     self._batch_axis = batch_axis
     self._export_to_tpu = export_to_tpu
     self._export_to_cpu = export_to_cpu

@@ -4,7 +4,10 @@ Same fields, defaults, validation and error texts; `to_estimator_spec` also take
 tensorflow_estimator's own spec namedtuples, so model_fns written against
 `tf.compat.v1.estimator.tpu.TPUEstimatorSpec` run unchanged.
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -110,21 +113,50 @@ class TPUEstimatorSpec(
 
   `eval_metrics` and `host_call` are `(fn, tensors)` with tensors a list
   (positional) or dict (keyword); `scaffold_fn` builds the `Scaffold` on the
-  host.
+  host.  On the emulated TPU each shard's model_fn returns one; the loss and
+  ops are shard 0's, as on a TPU, and the host functions get each of their
+  tensors concatenated over the shards along the batch.  With `use_tpu=False`
+  it runs as the `EstimatorSpec` of `as_estimator_spec()`.
+
+  Args:
+    mode, predictions, loss, train_op, export_outputs, training_hooks,
+      evaluation_hooks, prediction_hooks: as in `EstimatorSpec`.
+    eval_metrics: a pair (tuple or list) `(metric_fn, tensors)` for
+      evaluation: `metric_fn(*tensors)`
+      (a list) or `metric_fn(**tensors)` (a dict) returns metric name ->
+      `(value, update_op)`, called on the host (on the emulated TPU a Keras
+      metric object is refused with a `TypeError`, as on a TPU; on the CPU it
+      is taken).
+    scaffold_fn: a zero-argument function returning the
+      `tf.compat.v1.train.Scaffold`, called on the host; None: a default one.
+    host_call: a pair `(fn, tensors)` as `eval_metrics`, whose ops (e.g.
+      `tf.summary` writes) run on the host every step; in the emulated TPU's
+      training loops, on a loop's first step and every
+      `TPUConfig.experimental_host_call_every_n_steps` after it, and
+      `tf.compat.v1.summary` ops in it are refused (`ValueError`), as on a
+      TPU.
+
+  Raises:
+    ValueError: `eval_metrics` or `host_call` not a pair, or its tensors not
+      a list, tuple or dict; and `EstimatorSpec`'s checks of the other fields.
+    TypeError: the function of `eval_metrics` or `host_call` not callable;
+      and `EstimatorSpec`'s checks of the other fields.
+    RuntimeError: a list of tensors whose length differs from the function's
+      arguments (without `*args`).
   """
 
   def __new__(cls,
-              mode,
-              predictions=None,
-              loss=None,
-              train_op=None,
-              eval_metrics=None,
-              export_outputs=None,
-              scaffold_fn=None,
-              host_call=None,
-              training_hooks=None,
-              evaluation_hooks=None,
-              prediction_hooks=None):
+              mode: str,
+              predictions: tf.Tensor | Mapping[str, tf.Tensor] | None = None,
+              loss: tf.Tensor | None = None,
+              train_op: tf.Operation | tf.Tensor | None = None,
+              eval_metrics: Sequence[Any] | None = None,
+              export_outputs: Mapping[str, Any] | None = None,
+              scaffold_fn: Callable[[], Any] | None = None,
+              host_call: Sequence[Any] | None = None,
+              training_hooks: Iterable[Any] | None = None,
+              evaluation_hooks: Iterable[Any] | None = None,
+              prediction_hooks: Iterable[Any] | None = None):
     host_calls = {'eval_metrics': eval_metrics, 'host_call': host_call}
     _validate_host_calls({k: v for k, v in host_calls.items() if v is not None})
     training_hooks = model_fn.validate_hooks(training_hooks)
@@ -148,7 +180,7 @@ class TPUEstimatorSpec(
         evaluation_hooks=evaluation_hooks,
         prediction_hooks=prediction_hooks)
 
-  def as_estimator_spec(self):
+  def as_estimator_spec(self) -> model_fn.EstimatorSpec:
     """The `EstimatorSpec` TPUEstimator runs on CPU.
 
     Calls `eval_metrics`' metric_fn, then `host_call` (run every step by a hook
