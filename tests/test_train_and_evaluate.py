@@ -45,20 +45,6 @@ def serving_input_receiver_fn():
       tf.feature_column.make_parse_example_spec(models.ids_and_x_columns(3)))()
 
 
-class Driver:
-  """TF 2.15's estimator library, or tpu_fc's, under the same names."""
-
-  def __init__(self, library):
-    ours = library == 'tpu_fc'
-    tpu_namespace = tpu_fc if ours else tf.compat.v1.estimator.tpu
-    namespace = tpu_fc if ours else tf.compat.v1.estimator
-    for name in ('TPUEstimator', 'RunConfig'):
-      setattr(self, name, getattr(tpu_namespace, name))
-    for name in ('train_and_evaluate', 'TrainSpec', 'EvalSpec',
-                 'LatestExporter', 'FinalExporter', 'BestExporter'):
-      setattr(self, name, getattr(namespace, name))
-
-
 def exporters(driver, case):
   if not case['exporters']:
     return None
@@ -89,7 +75,7 @@ def export_structure(model_dir):
 
 def run_train_and_evaluate(library, model_dir, case):
   """Runs `case` through `library`; returns what the comparison looks at."""
-  driver = Driver(library)
+  driver = lanes.driver(library)
   train_hook, eval_hook = hooks.SessionSteps(), hooks.SessionSteps()
   estimator = driver.TPUEstimator(
       model_fn=MODEL_FN, use_tpu=False, train_batch_size=BATCH,

@@ -230,17 +230,35 @@ def train_dense_x(driver, model_dir, cross_shard):
   return estimator.get_variable_value('dense/kernel')
 
 
+LINEAR_BATCH = 4
+
+
 def linear_estimator(model_dir, use_tpu, driver=tpu_fc, **params):
   """`driver`'s TPUEstimator (tpu_fc's or TF's) of `models.linear_model_fn`:
-  batches of 4, 2 steps per loop on 2 shards (use_tpu) or the CPU."""
+  batches of LINEAR_BATCH, 2 steps per loop on 2 shards (use_tpu) or the
+  CPU."""
   return driver.TPUEstimator(
-      model_fn=models.linear_model_fn, use_tpu=use_tpu, train_batch_size=4,
-      eval_batch_size=4, predict_batch_size=4,
+      model_fn=models.linear_model_fn, use_tpu=use_tpu,
+      train_batch_size=LINEAR_BATCH, eval_batch_size=LINEAR_BATCH,
+      predict_batch_size=LINEAR_BATCH,
       params=dict({'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec},
                   **params),
       config=driver.RunConfig(
           model_dir=str(model_dir), tpu_config=driver.TPUConfig(
               iterations_per_loop=2, num_shards=2 if use_tpu else None)))
+
+
+def train_linear(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
+                 metric_fn=models.mean_logit,
+                 eval_steps=inputs.N // LINEAR_BATCH):
+  """(metrics, kernel) of `linear_estimator` trained 2 steps and evaluated
+  (`eval_steps`), with `driver`'s TPUEstimator (tpu_fc's or TF's)."""
+  estimator = linear_estimator(model_dir, use_tpu, driver,
+                               hook_on_loss=hook_on_loss, metric_fn=metric_fn)
+  estimator.train(inputs.linear, max_steps=2)
+  metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
+      lambda params: inputs.linear(params).take(eval_steps), steps=eval_steps)
+  return metrics, estimator.get_variable_value('dense/kernel')
 
 
 def logged(model_dir, use_tpu):
@@ -251,4 +269,4 @@ def logged(model_dir, use_tpu):
       model_dir=str(model_dir), log_step_count_steps=10,
       tpu_config=tpu_fc.TPUConfig(iterations_per_loop=5))
   return tpu_fc.TPUEstimator(models.linear_model_fn, config=config,
-                             use_tpu=use_tpu, train_batch_size=4)
+                             use_tpu=use_tpu, train_batch_size=LINEAR_BATCH)

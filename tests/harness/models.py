@@ -217,7 +217,7 @@ def dense_x_model_fn(driver=tpu_fc, cross_shard=True):
   return model_fn
 
 
-def _mean_logit(labels, logits):
+def mean_logit(labels, logits):
   del labels
   return {'mean_logit': tf.compat.v1.metrics.mean(logits)}
 
@@ -237,7 +237,7 @@ def linear_model_fn(features, labels, mode, params):
   loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
   if mode == tpu_fc.ModeKeys.EVAL:
     return spec(mode, loss=loss, predictions={'logit': logits},
-                eval_metrics=(params.get('metric_fn', _mean_logit),
+                eval_metrics=(params.get('metric_fn', mean_logit),
                               [labels, logits]))
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   if params['use_tpu'] and not params.get('plain_optimizer'):
