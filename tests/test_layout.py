@@ -10,6 +10,7 @@ import ast
 import collections
 import os
 import re
+import textwrap
 
 import tpu_fc
 
@@ -146,6 +147,39 @@ def _test_modules(folder=TESTS, prefix='test_'):
   return modules
 
 
+def _imported_modules(tree):
+  """The top-level modules a syntax tree imports, in its statements or in
+  the source of a script it runs (a string with an import line)."""
+  imported = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      imported.update(alias.name.split('.')[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      imported.add(node.module.split('.')[0])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      imported.update(re.findall(r'^\s*(?:import|from)\s+(\w+)', node.value,
+                                 re.M))
+  return imported
+
+
+def test_imports_are_found_in_statements_and_in_script_sources():
+  """What `test_no_test_module_imports_another` reads, on the two ways a test
+  module imported another (a statement, and a script run in a process)."""
+  tree = ast.parse(textwrap.dedent('''
+      import numpy as np
+      from test_peer import BATCH
+      def f():
+        import test_other.sub as t
+      SCRIPT = """
+      import tpu_fc
+        from test_script import run
+      """
+      TEXT = 'not an import test_text'
+      '''))
+  assert _imported_modules(tree) == {'numpy', 'test_peer', 'test_other',
+                                     'tpu_fc', 'test_script'}
+
+
 def test_no_test_module_imports_another():
   """What tests share is in tests/harness/; a test module imports none of
   its peers, nor do the scripts tests run (tests/scripts/, and the scripts
@@ -154,15 +188,7 @@ def test_no_test_module_imports_another():
   sources = dict(_test_modules(),
                  **_test_modules(os.path.join(TESTS, 'scripts'), prefix=''))
   for name, tree in sources.items():
-    imported = set()
-    for node in ast.walk(tree):
-      if isinstance(node, ast.Import):
-        imported.update(alias.name.split('.')[0] for alias in node.names)
-      elif isinstance(node, ast.ImportFrom) and node.module:
-        imported.add(node.module.split('.')[0])
-      elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-        imported.update(  # the source of a script the test runs
-            re.findall(r'^\s*(?:import|from) (test_\w+)', node.value, re.M))
+    imported = _imported_modules(tree)
     assert not imported & peers, (name, sorted(imported & peers))
 
 
