@@ -189,11 +189,7 @@ def test_training_resumes_from_its_own_checkpoint(tmp_path):
   init = models.init_table(19)
   params = tpu_fc.AdagradParameters(0.1)
 
-  def column_fn():
-    return [feat.column(init)], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(feature_columns=column_fn()[0],
-                                    optimization_parameters=params)
+  column_fn, spec = estimators.one_column(feat, init, params)
   c = inputs.coefficients(19, D)
   input_fn = inputs.input_fn([feat], c)
   estimator = estimators.user_estimator(
@@ -220,11 +216,7 @@ def test_cross_restore_between_cpu_and_tpu_adagrad(tmp_path, order):
   init = models.init_table(16)
   params = tpu_fc.AdagradParameters(0.2, initial_accumulator=0.1)
 
-  def column_fn():
-    return [feat.column(init)], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(feature_columns=column_fn()[0],
-                                    optimization_parameters=params)
+  column_fn, spec = estimators.one_column(feat, init, params)
   model_fn = models.user_model_fn(
       column_fn, reduction='mean',
       model_optimizer=lambda: tf.compat.v1.train.AdagradOptimizer(

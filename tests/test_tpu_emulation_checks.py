@@ -56,12 +56,8 @@ def test_tpu_evaluate_and_predict_need_their_batch_size(mode, tmp_path):
 def test_num_shards_1_with_a_spec_is_refused(tmp_path):
   feat = inputs.Feature('a', inputs.A_SP)
 
-  def column_fn():
-    return [feat.column(models.init_table(0))], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=column_fn()[0],
-      optimization_parameters=tpu_fc.AdagradParameters(0.1))
+  column_fn, spec = estimators.one_column(feat, models.init_table(0),
+                                          tpu_fc.AdagradParameters(0.1))
   with pytest.raises(ValueError) as error:
     estimators.user_estimator(tmp_path, models.user_model_fn(column_fn), spec,
                               num_shards=1)

@@ -121,12 +121,8 @@ def test_gradient_multiplier_fn_scales_every_embedding_gradient(tmp_path):
   init = models.init_table(5)
   params = tpu_fc.AdagradParameters(0.1, initial_accumulator=0.1)
 
-  def column_fn():
-    return [feat.column(init)], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=column_fn()[0], optimization_parameters=params,
-      experimental_gradient_multiplier_fn=(
+  column_fn, spec = estimators.one_column(
+      feat, init, params, experimental_gradient_multiplier_fn=(
           lambda step: 2.0 + tf.cast(step, tf.float32)))
   c = inputs.coefficients(5, D)
   one, estimator = estimators.train_1_and_3(

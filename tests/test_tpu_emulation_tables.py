@@ -371,11 +371,7 @@ def test_model_optimizer_does_not_train_embedding_core_tables(tmp_path):
   init = models.init_table(12)
   params = tpu_fc.StochasticGradientDescentParameters(0.1)
 
-  def column_fn():
-    return [feat.column(init)], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(feature_columns=column_fn()[0],
-                                    optimization_parameters=params)
+  column_fn, spec = estimators.one_column(feat, init, params)
   estimator = estimators.user_estimator(
       tmp_path, models.user_model_fn(
           column_fn, model_optimizer=lambda: tf.compat.v1.train.MomentumOptimizer(
@@ -404,12 +400,8 @@ def test_cpu_model_optimizer_trains_tables_and_the_spec_is_ignored(tmp_path):
   feat = inputs.Feature('a', inputs.D_DENSE, dense=True, combiner='mean')
   init = models.init_table(13)
 
-  def column_fn():
-    return [feat.column(init)], []
-
-  spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=column_fn()[0],
-      optimization_parameters=tpu_fc.AdagradParameters(0.1))
+  column_fn, spec = estimators.one_column(feat, init,
+                                          tpu_fc.AdagradParameters(0.1))
   estimator = estimators.user_estimator(
       tmp_path, models.user_model_fn(
           column_fn, model_optimizer=lambda: tf.compat.v1.train.MomentumOptimizer(

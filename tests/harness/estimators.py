@@ -166,6 +166,17 @@ def user_estimator(model_dir, model_fn, spec, use_tpu=True,
       embedding_config_spec=spec)
 
 
+def one_column(feat, init, params, **options):
+  """(column_fn, spec) of the user model with `feat`'s column alone, its table
+  starting at `init` and trained by `params` (and the spec's `options`)."""
+  def column_fn():
+    return [feat.column(init)], []
+
+  return column_fn, tpu_fc.EmbeddingConfigSpec(
+      feature_columns=column_fn()[0], optimization_parameters=params,
+      **options)
+
+
 def train_1_and_3(tmp_path, model_fn, spec, input_fn):
   """Estimators trained 1 and 3 steps, each in a fresh model_dir (one train call).
 
