@@ -167,7 +167,7 @@ def compare_without_current(best_eval_result):
 # {case: (error, TF 2.15's text, call)}: the text is checked against TF
 # itself on the legacy lane.
 BAD_INPUT = {
-    'TrainSpec(inputs.ids_and_x=1)': (
+    'TrainSpec(input_fn=1)': (
         TypeError, '`input_fn` must be callable, given: 1',
         lambda lib: lib.TrainSpec(1)),
     'TrainSpec(max_steps=0)': (
