@@ -301,6 +301,7 @@ CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
            'worker': ['host3:2222', 'host4:2222']}
 
 
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('tf_config', [
     {'cluster': CLUSTER, 'task': {'type': 'chief', 'index': 0}},
     {'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 1}},
