@@ -1,7 +1,30 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and the markers' rules.
+
+`legacy_only` (a test running TF 2.15's own classes) is skipped on the latest
+lane; `subprocess` must mark every test that runs a process through
+`harness.scripts`, which checks it against the test running now.
+"""
 import logging
 
 import pytest
+
+from harness import lanes
+from harness import scripts
+
+
+def pytest_collection_modifyitems(items):
+  if lanes.LEGACY:
+    return
+  skip = pytest.mark.skip(reason=lanes.SKIP_REASON)
+  for item in items:
+    if item.get_closest_marker('legacy_only'):
+      item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  """Before the test's fixtures: one of them may run a process for it."""
+  scripts.current_test = item
 
 
 class _ListHandler(logging.Handler):

@@ -16,11 +16,9 @@ import os
 import pytest
 
 import tpu_fc  # before tensorflow
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEGACY = TF_VERSION == (2, 15)
 
 
 def _load_generator():
@@ -209,8 +207,7 @@ def _comparable(parameters):
           for name, default in parameters]
 
 
-@pytest.mark.skipif(not LEGACY, reason='TF 2.15 (with tensorflow_estimator) '
-                    'is the reference; TF 2.21 has no such classes')
+@pytest.mark.legacy_only  # TF 2.21 has no such classes
 def test_signatures_are_tf_2_15s():
   for ours, theirs in _tf_2_15_twins().items():
     own = [('num_cores', 1)] if ours is tpu_fc.mid_level.TPUEmbedding else []

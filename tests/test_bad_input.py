@@ -20,13 +20,12 @@ import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
-from helpers import outcome
+from harness import lanes
+from harness.oracle import outcome
 
 fc = tf.feature_column
-LEGACY = TF_VERSION == (2, 15)
 PATHS = ('cpu', 'embedding_core', 'tensor_core')
 TPU_PATHS = ('embedding_core', 'tensor_core')
 V, D, B, NS, L = 5, 2, 4, 2, 2    # vocabulary, dimension, batch, shards, max seq length
@@ -338,7 +337,7 @@ def test_bad_input_in_training(case, path, tmp_path):
     table = estimator.get_variable_value(TABLE_NAME[case.kind])
     np.testing.assert_allclose(table, expected_table(case.kept(path), path),
                                rtol=1e-6, atol=1e-6)
-  if LEGACY and path == 'cpu':
+  if lanes.LEGACY and path == 'cpu':
     legacy = legacy_table_after_one_step(tmp_path / 'tf', case.kind,
                                          case.features)
     if expected_error:
@@ -506,7 +505,7 @@ def test_shared_columns_with_different_vocabularies():
   _assert_raised(error, ValueError, [
       'all categorical_columns must have the same number of buckets',
       'with buckets: 5', 'with buckets: 6'])
-  if LEGACY:
+  if lanes.LEGACY:
     assert error == outcome(_shared_with_different_vocabularies,
                             tf.compat.v1.tpu.experimental)
 
@@ -516,7 +515,7 @@ def test_mod_partition_strategy_on_cpu(tmp_path):
                   tpu_fc.AdagradParameters, tmp_path)
   _assert_raised(error, ValueError,
                  ['Mod sharding of embedding tables not supported on CPU.'])
-  if LEGACY:
+  if lanes.LEGACY:
     legacy = tf.compat.v1.estimator.tpu
     assert error == outcome(
         _mod_on_cpu, legacy, legacy.experimental.EmbeddingConfigSpec,
@@ -581,9 +580,9 @@ def test_a_combiner_typo_gets_tfs_error_before_training(tmp_path):
   _assert_raised(error, ValueError, [
       'combiner must be "mean", "sum", "sqrtn" or None. Received: avg.'])
   assert not os.path.exists(tmp_path / 'checkpoint')
-  if LEGACY:
-    from tensorflow.python.tpu import tpu_embedding  # pylint: disable=g-import-not-at-top
-    assert error == outcome(tpu_embedding.TableConfig, V, D, combiner='avg')
+  if lanes.LEGACY:
+    assert error == outcome(lanes.tf_tpu_embedding.TableConfig, V, D,
+                            combiner='avg')
 
 
 def _dict_spec(table_optimizer=None, unused_table=False, **spec_kwargs):
@@ -696,7 +695,7 @@ def test_export_saved_model_api_version_is_taken_as_tfs(tmp_path):
                 export_saved_model_api_version=3)
   _assert_raised(bad, ValueError, [
       'export_saved_model_api_version should be 1 or 2; got 3.'])
-  if LEGACY:
+  if lanes.LEGACY:
     legacy = tf.compat.v1.estimator.tpu
     assert bad == outcome(_predict_on_shards, legacy,
                           legacy.experimental.EmbeddingConfigSpec,

@@ -1,25 +1,24 @@
 """`python -m benchmarks` end to end on a tiny workload: JSON, report and verdict lines."""
 import json
-import os
 import re
-import subprocess
-import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import pytest
+
+from harness import scripts
+
+pytestmark = pytest.mark.subprocess
 VERDICT = re.compile(
     r'^target (\S+): (n/a|\d+\.\d+) \(goal (>=|<=) ([\d.]+)\) (met|not met)')
 
 
 def test_tiny_run_writes_results_and_verdicts(tmp_path):
   command = [
-      sys.executable, '-m', 'benchmarks', '--quick', '--dims', '16',
+      '-m', 'benchmarks', '--quick', '--dims', '16',
       '--paths', 'raw', 'tpu_fc_embedding_core', '--no-serving',
       '--vocabulary-cap', '50', '--batch-size', '16', '--num-batches', '2',
       '--iterations-per-loop', '2', '--warmup-steps', '2', '--steps-per-rep',
       '2', '--reps', '5', '--out', str(tmp_path)]
-  env = dict(os.environ, PYTHONPATH=REPO)
-  finished = subprocess.run(command, cwd=REPO, env=env, capture_output=True,
-                            text=True, timeout=300)
+  finished = scripts.run_python(command, cwd=scripts.REPO, env=scripts.env())
   assert finished.returncode == 0, finished.stderr[-3000:]
   with open(tmp_path / 'results_quick.json') as results_file:
     results = json.load(results_file)
@@ -54,11 +53,9 @@ def test_tiny_run_writes_results_and_verdicts(tmp_path):
 def test_stacking_measurement_runs_and_every_layout_trains_alike():
   """`python -m benchmarks.stacking` (its own check: the stacked tables equal
   the per-table ones after the first steps) on a tiny workload."""
-  finished = subprocess.run(
-      [sys.executable, '-m', 'benchmarks.stacking', '--reps', '1',
-       '--vocabulary-cap', '50', '--batch-size', '16'],
-      cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
-      text=True, timeout=300)
+  finished = scripts.run_python(
+      ['-m', 'benchmarks.stacking', '--reps', '1', '--vocabulary-cap', '50',
+       '--batch-size', '16'], cwd=scripts.REPO, env=scripts.env())
   assert finished.returncode == 0, finished.stderr[-3000:]
   for layout in ('stacked', 'stacked_per_core'):
     assert re.search(r'^{} / per_table speed: \d+\.\d\d$'.format(layout),

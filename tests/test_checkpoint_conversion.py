@@ -22,7 +22,6 @@ from tpu_fc import __main__ as cli
 from tpu_fc import checkpoint_conversion as conversion
 from tpu_fc import legacy_names
 from tpu_fc import naming
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
 fc = tf.feature_column
@@ -664,7 +663,7 @@ def test_spec_names_a_legacy_script_as_run_loads_it(tmp_path, monkeypatch,
 
 # Legacy lane: a checkpoint of TF 2.15's real TPUEstimator -------------------------------
 
-@pytest.mark.skipif(TF_VERSION != (2, 15), reason='needs tensorflow_estimator')
+@pytest.mark.legacy_only
 def test_real_tpu_estimator_checkpoint_converts(tmp_path):
   from tensorflow_estimator.python.estimator.tpu import tpu_estimator  # pylint: disable=g-import-not-at-top
   from tensorflow_estimator.python.estimator.tpu import tpu_config  # pylint: disable=g-import-not-at-top

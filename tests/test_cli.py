@@ -1,14 +1,16 @@
 """The command line as a newcomer meets it: quick help, scripts by relative path."""
 import os
-import subprocess
 import sys
 
 import pytest
 
-from tpu_fc._tf import TF_VERSION
+from harness import lanes
+from harness import scripts
 
-REPO = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-LANE = 'legacy' if TF_VERSION == (2, 15) else 'latest'
+pytestmark = pytest.mark.subprocess
+
+REPO = os.path.realpath(scripts.REPO)
+LANE = lanes.NAME
 PYTHON = '%d.%d' % sys.version_info[:2]
 # The TPU_FC_PYTHON under which scripts/lane.sh runs in this virtualenv ('' for
 # the lane's own Python), or None outside lane.sh's virtualenvs.
@@ -25,14 +27,9 @@ print('ran', sys.argv[1:])
 '''
 
 
-def run(command, cwd, env=None):
-  return subprocess.run(command, cwd=cwd, env=env, capture_output=True,
-                        text=True, timeout=300, check=False)
-
-
 def test_help_answers_without_importing_tensorflow(tmp_path):
-  result = run([sys.executable, '-X', 'importtime', '-m', 'tpu_fc', '--help'],
-               tmp_path)
+  result = scripts.run_python(['-X', 'importtime', '-m', 'tpu_fc', '--help'],
+                              tmp_path)
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith('usage: tpu-fc')
   imported = [line.split('|')[-1].strip()
@@ -45,8 +42,8 @@ def test_run_from_a_folder_that_holds_a_checkout_named_tpu_fc(tmp_path):
   (tmp_path / 'tpu_fc').mkdir()  # a clone's folder: no __init__.py at its top
   (tmp_path / 'tpu_fc' / 'README.md').write_text('# tpu_fc\n')
   (tmp_path / 'mine.py').write_text(SCRIPT)
-  result = run([sys.executable, '-m', 'tpu_fc', 'run', 'mine.py', '--flag'],
-               tmp_path)
+  result = scripts.run_python(['-m', 'tpu_fc', 'run', 'mine.py', '--flag'],
+                              tmp_path)
   assert result.returncode == 0, result.stderr
   assert "ran ['--flag']" in result.stdout
 
@@ -57,16 +54,18 @@ def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
   (tmp_path / 'mine.py').write_text(SCRIPT)
   lane = os.path.join(REPO, 'scripts', 'lane.sh')
   env = dict(os.environ, TPU_FC_PYTHON=LANE_PYTHON)
-  prefix = run([lane, LANE, 'python', '-c', 'import sys; print(sys.prefix)'],
-               tmp_path, env)
+  prefix = scripts.run(
+      [lane, LANE, 'python', '-c', 'import sys; print(sys.prefix)'],
+      tmp_path, env)
   assert (os.path.realpath(prefix.stdout.strip()) ==  # this very virtualenv
           os.path.realpath(sys.prefix)), prefix.stderr
-  result = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'mine.py', 'x'],
-               tmp_path, env)
+  result = scripts.run(
+      [lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'mine.py', 'x'],
+      tmp_path, env)
   assert result.returncode == 0, result.stderr
   assert "ran ['x']" in result.stdout
-  missing = run([lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'nope.py'],
-                tmp_path, env)
+  missing = scripts.run(
+      [lane, LANE, 'python', '-m', 'tpu_fc', 'run', 'nope.py'], tmp_path, env)
   assert missing.returncode != 0
   assert 'no such script nope.py (relative paths start at {})'.format(
       tmp_path) in missing.stderr
@@ -80,7 +79,7 @@ def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
 def test_command_line_mistakes_get_a_line_not_a_traceback(tmp_path, argv, code,
                                                           text):
   (tmp_path / 'a_file').write_text('')
-  result = run([sys.executable, '-m', 'tpu_fc'] + argv, tmp_path)
+  result = scripts.run_python(['-m', 'tpu_fc'] + argv, tmp_path)
   assert result.returncode == code
   assert text in result.stderr
   assert 'Traceback' not in result.stderr
@@ -99,6 +98,6 @@ def test_run_scripts_multiprocessing_children_see_the_legacy_names(tmp_path):
       "if __name__ == '__main__':\n"
       "  with multiprocessing.get_context('spawn').Pool(1) as pool:\n"
       "    print('doubled', pool.map(double, [1, 2]))\n")
-  result = run([sys.executable, '-m', 'tpu_fc', 'run', 'pool.py'], tmp_path)
+  result = scripts.run_python(['-m', 'tpu_fc', 'run', 'pool.py'], tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'doubled [2, 4]' in result.stdout

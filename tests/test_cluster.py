@@ -33,8 +33,9 @@ import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), 'scripts'))
 import cluster_model  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+from harness import scripts  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 SCRIPT = os.path.join(os.path.dirname(__file__), 'scripts', 'cluster_model.py')
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_SECS = 150
 TOL = dict(rtol=1e-5, atol=1e-5)
 REPLICAS = 2  # the chief and one worker
@@ -130,6 +131,7 @@ def assert_restores_on_one_host(cluster_dir, reference_dir, use_tpu, tmp_path,
   assert_same_variables(continued['cluster'], continued['one_host'])
 
 
+@pytest.mark.subprocess
 def test_sync_emulated_core_equals_one_host_across_a_worker_restart(tmp_path):
   """use_tpu=True: the engine's partitioned table, updated on the ps owning the rows."""
   model_dir = tmp_path / 'cluster'
@@ -153,6 +155,7 @@ def test_sync_emulated_core_equals_one_host_across_a_worker_restart(tmp_path):
   assert_same_variables(converted['cluster'], converted['one_host'])
 
 
+@pytest.mark.subprocess
 def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
   """use_tpu=False: the feature column's table, partitioned through the scope.
 
@@ -195,6 +198,7 @@ def eval_events(eval_dir):
   return evaluations
 
 
+@pytest.mark.subprocess
 def test_evaluator_task_evaluates_new_checkpoints_and_exports(tmp_path):
   """train_and_evaluate on a ps, the chief and an evaluator task (emulated TPU).
 
@@ -297,6 +301,7 @@ CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
            'worker': ['host3:2222', 'host4:2222']}
 
 
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('tf_config', [
     {'cluster': CLUSTER, 'task': {'type': 'chief', 'index': 0}},
     {'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 1}},
@@ -312,8 +317,6 @@ CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
     {'task': {'type': 'ps', 'index': 0}},
 ])
 def test_run_config_reads_tf_config_as_tf_2_15(monkeypatch, tf_config):
-  tfe = pytest.importorskip('tensorflow_estimator')
-  del tfe
   monkeypatch.setenv('TF_CONFIG', json.dumps(tf_config))
   fields = ('task_type', 'task_id', 'is_chief', 'master', 'evaluation_master',
             'num_ps_replicas', 'num_worker_replicas', 'global_id_in_cluster')
@@ -358,6 +361,7 @@ def test_cluster_command_line(tmp_path):
               str(tmp_path), '--', SCRIPT, '--model_dir', str(tmp_path)])
 
 
+@pytest.mark.subprocess
 def test_launcher_stops_every_process_at_its_timeout(tmp_path):
   """A job that never finishes is stopped at the timeout, processes and all."""
   script = tmp_path / 'hang.py'
@@ -394,6 +398,7 @@ def _reachable(port):
     return False
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize('host_network', [False, True])
 def test_task_servers_are_reachable_only_by_the_tasks(tmp_path, capfd,
                                                       host_network):
@@ -429,17 +434,16 @@ def _running(pid):
     return False
 
 
+@pytest.mark.subprocess
 def test_no_task_outlives_a_killed_launcher(tmp_path):
   """SIGKILL leaves the launcher no chance to stop its tasks: the kernel kills
   them (and the namespace holder) when it dies."""
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
-  launcher = subprocess.Popen(
-      [sys.executable, '-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '1',
+  launcher = scripts.popen_python(
+      ['-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '1',
        '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', '')))
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=scripts.env())
   try:
     tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0', 'worker-0'])
   finally:
@@ -452,16 +456,16 @@ def test_no_task_outlives_a_killed_launcher(tmp_path):
   assert not [name for name, task in tasks.items() if _running(task['pid'])]
 
 
+@pytest.mark.subprocess
 def test_a_terminated_launcher_stops_its_tasks_and_says_so(tmp_path):
   """SIGTERM: every task stopped, the signal named, exit code 128 + 15."""
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
-  launcher = subprocess.Popen(
-      [sys.executable, '-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '0',
+  launcher = scripts.popen_python(
+      ['-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '0',
        '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', '')))
+      env=scripts.env())
   try:
     tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
     launcher.terminate()

@@ -12,14 +12,13 @@ import pickle
 import numpy as np
 import pytest
 
-from helpers import outcome
+from harness.oracle import outcome
 import tpu_fc  # before tensorflow: sets TF_USE_LEGACY_KERAS on the latest lane
 from tpu_fc.columns import lookup_device
 from tpu_fc import build_context
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_fc  # pylint: disable=g-bad-import-order
 
-LEGACY = tf.__version__.startswith('2.15')
 fc = tf.feature_column
 
 TF_EMBEDDING = tf_tpu_fc.embedding_column_v2
@@ -456,7 +455,7 @@ def test_device_is_kept_per_instance():
   assert tpu_fc.embedding_column(_ids('n'), 4).tensor_core_shape is None
 
 
-@pytest.mark.skipif(not LEGACY, reason='TF 2.15 estimator only')
+@pytest.mark.legacy_only
 def test_tf_2_15_spec_reads_tpu_fc_columns_like_tf_columns():
   # TF 2.15's real EmbeddingConfigSpec / get_configs_from_feature_columns see the
   # same devices, tables and features in tpu_fc's columns as in TF's own.

@@ -1,6 +1,6 @@
 """The contract every lookup path keeps, on this lane: lookup path x input kind x
 optimizer, two training steps (one in-graph loop on the emulated TPU) against
-the reference oracle (`harness`).
+the reference oracle (`harness.oracle`).
 
 cpu: `use_tpu=False`, the table a model variable trained by the model's
 optimizer; embedding_core: the emulated TPU, the table the engine's, trained by
@@ -15,16 +15,19 @@ TPUEstimator(use_tpu=False), bit for bit.
 import numpy as np
 import pytest
 
-import harness
+from harness import estimators
+from harness import inputs
+from harness import lanes
+from harness import models
+from harness import oracle
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc.lookup import backends
 
 CASES = [(path, kind, name)
-         for path in harness.PATHS for kind in harness.INPUT_KINDS
-         for name in (sorted(harness.COLUMN_OPTIMIZERS)
+         for path in models.PATHS for kind in inputs.INPUT_KINDS
+         for name in (sorted(estimators.COLUMN_OPTIMIZERS)
                       if path == 'embedding_core' else
-                      sorted(harness.MODEL_OPTIMIZERS))]
+                      sorted(estimators.MODEL_OPTIMIZERS))]
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
@@ -35,39 +38,39 @@ def test_two_steps_match_the_reference(tmp_path, path, kind, optimizer):
   if path == 'cpu' and kind == 'ragged':
     pytest.skip("TF's feature columns take no RaggedTensor (use_tpu=False is "
                 "TF 2.15's graph); tests/test_bad_input.py has its error")
-  estimator = harness.estimator(tmp_path, path, optimizer)
-  estimator.train(harness.input_fn_of(kind), steps=2)
-  want = harness.expected_step(path, optimizer, steps=2)
+  estimator = estimators.contract_estimator(tmp_path, path, optimizer)
+  estimator.train(inputs.contract_input_fn(kind), steps=2)
+  want = oracle.expected_step(path, optimizer, steps=2)
   params = want.params
   want.assert_matches(
-      estimator.get_variable_value(harness.TABLE),
+      estimator.get_variable_value(models.TABLE),
       {slot: estimator.get_variable_value(
-          '{}/{}'.format(harness.TABLE, suffix))
+          '{}/{}'.format(models.TABLE, suffix))
        for suffix, slot in params.SLOTS},
       err_msg='-'.join((path, kind, optimizer)))
   if path != 'embedding_core':  # a model variable: updated by rows, as a
     # TPU's dense sum of them would (tensor_core), never as a whole table
-    ops = harness.op_types(tmp_path)
-    assert ops & harness.ROW_UPDATES and not ops & harness.DENSE_UPDATES
-  if path == 'cpu' and TF_VERSION == (2, 15):
-    tf_estimator = harness.tf_estimator(tmp_path / 'tf', optimizer)
-    tf_estimator.train(harness.input_fn_of(kind), steps=2)
+    ops = estimators.op_types(tmp_path)
+    assert ops & estimators.ROW_UPDATES and not ops & estimators.DENSE_UPDATES
+  if path == 'cpu' and lanes.LEGACY:
+    tf_estimator = estimators.tf_contract_estimator(tmp_path / 'tf', optimizer)
+    tf_estimator.train(inputs.contract_input_fn(kind), steps=2)
     np.testing.assert_array_equal(
-        estimator.get_variable_value(harness.TABLE),
-        tf_estimator.get_variable_value(harness.TABLE))
+        estimator.get_variable_value(models.TABLE),
+        tf_estimator.get_variable_value(models.TABLE))
 
 
-@pytest.mark.parametrize('path', harness.PATHS)
+@pytest.mark.parametrize('path', models.PATHS)
 def test_the_bound_rejects_a_gradient_0_1_percent_off(tmp_path, monkeypatch,
                                                       path):
   """The float32 bound of the comparison is tight enough to fail a rule that
   is 0.1% off (here: every gradient)."""
-  estimator = harness.estimator(tmp_path, path, 'adagrad')
-  estimator.train(harness.input_fn_of('sparse'), steps=2)
-  monkeypatch.setattr(harness, 'COEF', harness.COEF * 1.001)
+  estimator = estimators.contract_estimator(tmp_path, path, 'adagrad')
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
+  monkeypatch.setattr(models, 'COEF', models.COEF * 1.001)
   with pytest.raises(AssertionError, match='beyond the float32 error bound'):
-    harness.expected_step(path, 'adagrad', steps=2).assert_matches(
-        estimator.get_variable_value(harness.TABLE))
+    oracle.expected_step(path, 'adagrad', steps=2).assert_matches(
+        estimator.get_variable_value(models.TABLE))
 
 
 @pytest.mark.parametrize('mode, on_tpu, want', [
@@ -80,8 +83,8 @@ def test_one_dispatch_picks_the_backends_of_a_mode(mode, on_tpu, want):
   """The emulated TPU's TRAIN and EVAL graphs look up on the engine and the
   tensor core; its PREDICT graph and every use_tpu=False graph in the columns."""
   spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=[harness.column('embedding_core'),
-                       harness.column('tensor_core')],
-      optimization_parameters=harness.EMBEDDING_OPTIMIZERS['sgd'])
+      feature_columns=[models.contract_column('embedding_core'),
+                       models.contract_column('tensor_core')],
+      optimization_parameters=estimators.EMBEDDING_OPTIMIZERS['sgd'])
   assert [type(backend).__name__ for backend in
           backends.backends_for(spec, mode, on_tpu)] == want

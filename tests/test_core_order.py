@@ -11,13 +11,13 @@ Expected values are derived by hand here (Adagrad and Momentum, written out
 step by step), and for every optimizer from
 `tpu_fc.reference.apply_update_by_core`, which applies the one-core rule
 (checked against TF's kernels by tests/test_reference.py) once or core by core,
-within the float32 error bound of `helpers.ReferenceSteps`; that bound rejects
+within the float32 error bound of `oracle.ReferenceSteps`; that bound rejects
 the other setting's numbers.
 """
 import numpy as np
 import pytest
 
-import helpers
+from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
@@ -214,7 +214,7 @@ def test_momentum_by_hand_eight_cores(tmp_path, setting):
 def _reference_step(optimizer, num_shards):
   ids, cores, gradients = occurrences(num_shards)
   # The sum combiner passes d(loss)/d(activation) = g on exactly.
-  want = helpers.ReferenceSteps(
+  want = oracle.ReferenceSteps(
       optimizer, START, reference.init_slots(optimizer, (VOCAB, DIM)))
   return want.step(ids, gradients, LR, cores=cores, num_cores=num_shards)
 
@@ -241,7 +241,7 @@ def _assert_the_setting_applied(setting, name, num_cores, table, slots):
   other = OPTIMIZERS['per_core' if setting == 'summed' else 'summed'].get(name)
   if name == 'sgd' or other is None:  # linear, or no other setting
     return
-  with pytest.raises(AssertionError, match=helpers.BEYOND_BOUND):
+  with pytest.raises(AssertionError, match=oracle.BEYOND_BOUND):
     _reference_step(other, num_cores).assert_matches(table, slots)
 
 

@@ -10,8 +10,6 @@ run.
 import importlib.util
 import os
 import random
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,8 @@ import pytest
 import tpu_fc
 from tpu_fc._tf import tf
 
-from helpers import outcome
+from harness import scripts
+from harness.oracle import outcome
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts',
                       'crash_train.py')
@@ -37,9 +36,8 @@ crash_train = _load_script()
 
 
 def _run(model_dir, *args):
-  return subprocess.run(
-      [sys.executable, SCRIPT, str(model_dir)] + [str(a) for a in args],
-      capture_output=True, text=True, timeout=TIMEOUT, check=False)
+  return scripts.run_python([SCRIPT, str(model_dir)] + [str(a) for a in args],
+                            timeout=TIMEOUT)
 
 
 def _variables(checkpoint):
@@ -96,6 +94,7 @@ def _assert_restart_finishes_as_uninterrupted(model_dir, uninterrupted, what):
                                   err_msg='{}: {}'.format(what, name))
 
 
+@pytest.mark.subprocess
 def test_killed_at_a_random_step_resumes_exactly(tmp_path, uninterrupted):
   step = random.randrange(2, crash_train.MAX_STEPS)
   killed = _run(tmp_path, '--kill-at-step', step)
@@ -104,6 +103,7 @@ def test_killed_at_a_random_step_resumes_exactly(tmp_path, uninterrupted):
       tmp_path, uninterrupted, 'killed at step {}'.format(step))
 
 
+@pytest.mark.subprocess
 def test_killed_during_a_checkpoint_save_resumes_exactly(tmp_path,
                                                          uninterrupted):
   step = random.choice([3, 6, 9])

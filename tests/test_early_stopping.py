@@ -12,77 +12,21 @@ TF's own hook stops at the same step with the same evaluations, and both save
 the hook's stop variable (the Saver is built after the hooks' `begin`).
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 from tpu_fc.estimator import early_stopping
 
-from test_train_and_evaluate import input_fn
-from test_train_and_evaluate import SessionSteps
-from test_train_and_evaluate import train_input_fn
-from test_train_and_evaluate import VOCABULARY
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEGACY_LANE = TF_VERSION == (2, 15)
-BATCH = 4
-BEST_STEP = 4
+from harness import estimators
+from harness import inputs
+from harness import lanes
+from harness import models
+from harness import scripts
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
-
-
-def model_fn(features, labels, mode, params):
-  """A linear model over an embedding; its eval metric is (global step - 4)²."""
-  del params
-  ids = tf.feature_column.categorical_column_with_identity('ids', VOCABULARY)
-  net = tf.compat.v1.feature_column.input_layer(
-      features, [tf.feature_column.embedding_column(ids, 2),
-                 tf.feature_column.numeric_column('x')])
-  predictions = tf.compat.v1.layers.dense(net, 1)
-  loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
-  train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(
-      loss, tf.compat.v1.train.get_global_step())
-
-  def metric_fn(labels):
-    step = tf.cast(tf.compat.v1.train.get_global_step(), tf.float32)
-    return {'distance': tf.compat.v1.metrics.mean(
-        tf.square(step - BEST_STEP) + 0 * tf.reduce_sum(labels))}
-
-  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-      mode, loss=loss, train_op=train_op, eval_metrics=(metric_fn, [labels]))
-
-
-def estimator_of(tpu_namespace, model_dir, use_tpu, iterations_per_loop=1):
-  return tpu_namespace.TPUEstimator(
-      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
-      eval_batch_size=BATCH,
-      config=tpu_namespace.RunConfig(
-          model_dir=str(model_dir), tf_random_seed=1, save_checkpoints_steps=2,
-          tpu_config=tpu_namespace.TPUConfig(
-              iterations_per_loop=iterations_per_loop)))
-
-
-def train_until_stopped(estimator_namespace, experimental, estimator):
-  """(last global step, evaluated steps, stop variable saved?) of a run."""
-  evaluations = SessionSteps()
-  hook = experimental.stop_if_no_decrease_hook(
-      estimator, 'distance', max_steps_without_decrease=4,
-      run_every_secs=None, run_every_steps=1)
-  estimator_namespace.train_and_evaluate(
-      estimator,
-      estimator_namespace.TrainSpec(train_input_fn, max_steps=30, hooks=[hook]),
-      estimator_namespace.EvalSpec(input_fn, steps=1, throttle_secs=0,
-                                   hooks=[evaluations]))
-  saved = tf.train.list_variables(estimator.latest_checkpoint())
-  return (int(estimator.get_variable_value('global_step')),
-          [step for step, _ in evaluations.sessions],
-          any(name.startswith('signal_early_stopping') for name, _ in saved))
 
 
 @pytest.fixture
@@ -100,27 +44,28 @@ def installed():
 def test_no_decrease_stops_where_the_schedule_says(
     installed, tmp_path, use_tpu, iterations_per_loop, last_step, evaluated):
   del installed  # TF's names, as a legacy script has them
-  estimator = estimator_of(tf.compat.v1.estimator.tpu, tmp_path, use_tpu,
-                           iterations_per_loop)
-  got = train_until_stopped(tf.compat.v1.estimator,
-                            tf.compat.v1.estimator.experimental, estimator)
+  estimator = estimators.early_stopping_estimator(
+      tf.compat.v1.estimator.tpu, tmp_path, use_tpu, iterations_per_loop)
+  got = estimators.train_until_stopped(
+      tf.compat.v1.estimator, tf.compat.v1.estimator.experimental, estimator)
   assert got == (last_step, evaluated, True)  # TF's Saver saves it too
   distances = early_stopping.read_eval_metrics(estimator.eval_dir())
   assert {step: m['distance'] for step, m in distances.items()} == {
-      step: float((step - BEST_STEP) ** 2) for step in evaluated}
+      step: float((step - models.BEST_STEP) ** 2) for step in evaluated}
 
 
-@pytest.mark.skipif(not LEGACY_LANE, reason='needs TF 2.15 with tensorflow_estimator')
+@pytest.mark.legacy_only
 def test_stops_as_tf_2_15_does(tmp_path):
-  pytest.importorskip('tensorflow_estimator')
   runs = {}
   for library, tpu_namespace, namespace, experimental in (
       ('tf', tf.compat.v1.estimator.tpu, tf.compat.v1.estimator,
        tf.compat.v1.estimator.experimental),
       ('tpu_fc', tpu_fc, tpu_fc, early_stopping)):
-    estimator = estimator_of(tpu_namespace, tmp_path / library, False)
-    runs[library] = (train_until_stopped(namespace, experimental, estimator),
-                     early_stopping.read_eval_metrics(estimator.eval_dir()))
+    estimator = estimators.early_stopping_estimator(
+        tpu_namespace, tmp_path / library, False)
+    runs[library] = (
+        estimators.train_until_stopped(namespace, experimental, estimator),
+        early_stopping.read_eval_metrics(estimator.eval_dir()))
   assert runs['tpu_fc'][0] == runs['tf'][0]
   assert runs['tpu_fc'][0][0] < 30  # it did stop early
   assert list(runs['tpu_fc'][1]) == list(runs['tf'][1])
@@ -189,13 +134,13 @@ def test_predicates(tmp_path, case):
   write_evaluations(tmp_path / 'before 40',
                     {s: m for s, m in HISTORY.items() if s < 40})
   kwargs = dict(kwargs, eval_dir=str(tmp_path / kwargs.get('eval_dir', 'eval')))
-  estimators = [(early_stopping, estimator_of(tpu_fc, tmp_path, False))]
-  if LEGACY_LANE:
-    pytest.importorskip('tensorflow_estimator')
-    estimators.append((tf.compat.v1.estimator.experimental,
-                       tf.compat.v1.estimator.Estimator(
-                           model_fn, model_dir=str(tmp_path))))
-  for namespace, estimator in estimators:
+  watched = [(early_stopping,
+              estimators.early_stopping_estimator(tpu_fc, tmp_path, False))]
+  if lanes.LEGACY:
+    watched.append((tf.compat.v1.estimator.experimental,
+                    tf.compat.v1.estimator.Estimator(
+                        models.distance_model_fn(), model_dir=str(tmp_path))))
+  for namespace, estimator in watched:
     hook = getattr(namespace, name)(estimator, *args, run_every_secs=None,
                                     run_every_steps=1, **kwargs)
     assert steps_until_stopped(hook) == (1 if stops else 3), namespace
@@ -204,7 +149,7 @@ def test_predicates(tmp_path, case):
 def test_a_metric_the_evaluations_lack_is_named(tmp_path):
   write_evaluations(tmp_path / 'eval', HISTORY)
   hook = early_stopping.stop_if_lower_hook(
-      estimator_of(tpu_fc, tmp_path, False), 'auc', 0.9,
+      estimators.early_stopping_estimator(tpu_fc, tmp_path, False), 'auc', 0.9,
       eval_dir=str(tmp_path / 'eval'), run_every_secs=None, run_every_steps=1)
   with pytest.raises(KeyError, match='watches the metric "auc", but the '
                      'evaluation of step 10 .* has only: accuracy, loss'):
@@ -216,7 +161,7 @@ def test_workers_stop_when_the_chief_has(tmp_path, monkeypatch):
   monkeypatch.setenv('TF_CONFIG', json.dumps(dict(
       cluster=dict(chief=['localhost:1'], worker=['localhost:2']),
       task=dict(type='worker', index=0))))
-  estimator = estimator_of(tpu_fc, tmp_path, False)
+  estimator = estimators.early_stopping_estimator(tpu_fc, tmp_path, False)
   assert not estimator.config.is_chief
   worker_hook = early_stopping.make_early_stopping_hook(estimator, lambda: True)
   with tf.Graph().as_default():
@@ -232,7 +177,7 @@ def test_workers_stop_when_the_chief_has(tmp_path, monkeypatch):
 
 
 def test_bad_arguments_get_tf_2_15_errors(tmp_path):
-  estimator = estimator_of(tpu_fc, tmp_path, False)
+  estimator = estimators.early_stopping_estimator(tpu_fc, tmp_path, False)
   with pytest.raises(ValueError, match='Only one of `run_every_secs` and '
                      '`run_every_steps` must be set.'):
     early_stopping.make_early_stopping_hook(estimator, lambda: True, 10, 10)
@@ -243,34 +188,30 @@ def test_bad_arguments_get_tf_2_15_errors(tmp_path):
     early_stopping.stop_if_lower_hook(object(), 'loss', 1.0)
 
 
+@pytest.mark.subprocess
 def test_a_legacy_script_stops_early_on_every_lane(tmp_path):
   """`tf.estimator.experimental.stop_if_no_decrease_hook` under `tpu_fc run`."""
   script = tmp_path / 'script.py'
   script.write_text(
-      'import sys\n'
-      'sys.path.insert(0, {tests!r})\n'
       'import tensorflow as tf\n'
-      'import test_early_stopping as t\n'
-      'estimator = t.estimator_of(tf.compat.v1.estimator.tpu, {model_dir!r}, '
-      'True, 3)\n'
-      'print("stopped at", t.train_until_stopped(\n'
+      'from harness import estimators\n'
+      'estimator = estimators.early_stopping_estimator(\n'
+      '    tf.compat.v1.estimator.tpu, {model_dir!r}, True, 3)\n'
+      'print("stopped at", estimators.train_until_stopped(\n'
       '    tf.estimator, tf.estimator.experimental, estimator))\n'
-      .format(tests=os.path.dirname(os.path.abspath(__file__)),
-              model_dir=str(tmp_path / 'model')))
-  out = subprocess.run(
-      [sys.executable, '-m', 'tpu_fc', 'run', str(script)], check=True,
-      capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
-      env=dict(os.environ, PYTHONPATH=REPO))
+      .format(model_dir=str(tmp_path / 'model')))
+  out = scripts.run_python(['-m', 'tpu_fc', 'run', str(script)], check=True,
+                           cwd=str(tmp_path), env=scripts.env())
   assert 'stopped at (9, [3, 6, 9], True)' in out.stdout
 
 
 def test_a_checkpoint_without_the_stop_variable_resumes(installed, tmp_path):
   """Where TF 2.15's restore failed (`Key signal_early_stopping/STOP not found`)."""
   del installed  # the model_fn's TF names
-  estimator = estimator_of(tpu_fc, tmp_path, True)
-  estimator.train(train_input_fn, max_steps=2)
+  estimator = estimators.early_stopping_estimator(tpu_fc, tmp_path, True)
+  estimator.train(inputs.ids_and_x_repeated, max_steps=2)
   before = dict(tf.train.list_variables(estimator.latest_checkpoint()))
-  estimator.train(train_input_fn, max_steps=4, hooks=[
+  estimator.train(inputs.ids_and_x_repeated, max_steps=4, hooks=[
       early_stopping.make_early_stopping_hook(estimator, lambda: False)])
   after = dict(tf.train.list_variables(estimator.latest_checkpoint()))
   assert estimator.get_variable_value('global_step') == 4

@@ -12,16 +12,15 @@ gradient of every looked-up entry by the chain rule for the loss
 rules, §4.4, on `num_shards` cores), which sums duplicate ids itself.  Each test
 case builds one graph and runs its steps in one session; after every step the
 activations the model saw, the tables and all slots are compared, the tables
-and slots within the float32 error bound of `helpers.ReferenceSteps`.
+and slots within the float32 error bound of `oracle.ReferenceSteps`.
 """
 import copy
-import dataclasses
-from typing import Any, Callable, Optional
 
 import numpy as np
 import pytest
 
-import helpers
+from harness import inputs
+from harness import oracle
 import tpu_fc
 from tpu_fc import naming
 from tpu_fc import reference
@@ -30,191 +29,13 @@ from tpu_fc.lookup.backends import EmbeddingCoreBackend
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 
 fc = tf.feature_column
-VOCAB, DIM, BATCH = 7, 3, 4
-# Activations against np_activation's float64 ones: the engine's combiner
+VOCAB, DIM, BATCH = inputs.ENGINE_VOCAB, inputs.ENGINE_DIM, inputs.ENGINE_BATCH
+# Activations against oracle.np_activation's float64 ones: the engine's combiner
 # rounds a few times in float32 (~1e-7 of values below 10), and from step 2 on
 # it reads its own tables, which differ from the reference's within the update
 # bound (by at most 3e-6 here; activations by at most 4e-7).
 RTOL, ATOL = 1e-5, 1e-5
-
-
-# Inputs: the tensor a user feeds, and the entries the TPU enqueues from it. --
-
-
-@dataclasses.dataclass
-class Ids:
-  """One feature's ids of one input kind (and optional weights).
-
-  `kind`: 'sparse' (`raw` = [(example, position, id)], with `width`), 'ragged'
-  (`raw` = list of id lists) or 'dense' (`raw` = [BATCH, k] ids, 0 = padding).
-  `weights`: aligned with `raw` (a flat list for sparse, lists for ragged).
-  """
-  kind: str
-  raw: Any
-  weights: Any = None
-  width: int = 4
-
-  def entries(self):
-    """[(example, position, id, weight)]: what the TPU looks up.
-
-    Negative ids are padding, dropped with their weights (the engine's rule,
-    as in TF's safe embedding lookups).
-    """
-    return [e for e in self._all_entries() if e[2] >= 0]
-
-  def _all_entries(self):
-    if self.kind == 'sparse':
-      weights = self.weights or [1.0] * len(self.raw)
-      return [(b, j, i, w) for (b, j, i), w in zip(self.raw, weights)]
-    if self.kind == 'ragged':
-      weights = self.weights or [[1.0] * len(row) for row in self.raw]
-      return [(b, j, i, w) for b, (row, row_w) in enumerate(zip(self.raw, weights))
-              for j, (i, w) in enumerate(zip(row, row_w))]
-    assert self.weights is None
-    return [(b, j, i, 1.0) for b, row in enumerate(self.raw)
-            for j, i in enumerate(row) if i != 0]  # tf.where(x): id 0 dropped
-
-  def ids_tensor(self, dtype=tf.int64):
-    if self.kind == 'sparse':
-      return tf.SparseTensor([[b, j] for b, j, _ in self.raw],
-                             tf.constant([i for _, _, i in self.raw], dtype),
-                             [BATCH, self.width])
-    if self.kind == 'ragged':
-      return tf.RaggedTensor.from_row_lengths(
-          tf.constant([i for row in self.raw for i in row], dtype),
-          [len(row) for row in self.raw])
-    return tf.constant(np.array(self.raw), dtype)
-
-  def weights_tensor(self):
-    if self.kind == 'sparse':
-      return tf.SparseTensor([[b, j] for b, j, _ in self.raw],
-                             tf.constant(self.weights, tf.float32),
-                             [BATCH, self.width])
-    assert self.kind == 'ragged'
-    return tf.RaggedTensor.from_row_lengths(
-        tf.constant([w for row in self.weights for w in row], tf.float32),
-        [len(row) for row in self.weights])
-
-
-# Duplicates inside and across examples, empty examples, id 0 (kept when sparse
-# or ragged, dropped when dense), a gap in the sparse positions.
-SPARSE = Ids('sparse', [(0, 0, 3), (0, 2, 0), (1, 0, 5), (1, 1, 1), (1, 2, 5),
-                        (3, 1, 2), (3, 2, 3)],
-             weights=[0.5, 2.0, 1.0, -0.5, 1.5, 3.0, 0.25])
-RAGGED = Ids('ragged', [[1, 1, 4], [], [0, 6], [6, 2]],
-             weights=[[0.5, 1.5, 2.0], [], [1.0, -2.0], [0.25, 4.0]])
-DENSE = Ids('dense', [[3, 0, 3], [0, 0, 0], [5, 1, 0], [2, 6, 4]])
-# One id per example, in example order (the engine's shortcut: no pooling);
-# id 3 twice, id 0 kept.
-ONE_HOT = Ids('sparse', [(0, 0, 3), (1, 0, 5), (2, 0, 3), (3, 0, 0)], width=1)
-INPUTS = {'sparse': SPARSE, 'ragged': RAGGED, 'dense': DENSE,
-          'one_hot': ONE_HOT}
 COMBINERS = ('sum', 'mean', 'sqrtn')
-
-
-def unweighted(ids):
-  return dataclasses.replace(ids, weights=None)
-
-
-@dataclasses.dataclass
-class Feat:
-  """The numpy model of one feature (and how to build its column)."""
-  name: str
-  ids: Ids
-  combiner: str = 'mean'
-  seq_len: int = 0
-  weighted: bool = False
-  dim: int = DIM
-  seed: int = 0
-  learning_rate_fn: Optional[Callable] = None
-
-  @property
-  def weight_key(self):
-    return self.name + '_w' if self.weighted else None
-
-  def init(self):
-    return np.random.RandomState(100 + self.seed).uniform(
-        -1, 1, (VOCAB, self.dim)).astype(np.float32)
-
-  def dy(self):
-    shape = ((BATCH, self.seq_len, self.dim) if self.seq_len else
-             (BATCH, self.dim))
-    return np.random.RandomState(200 + self.seed).standard_normal(
-        shape).astype(np.float32)
-
-  def column(self):
-    if self.seq_len:
-      categorical = fc.sequence_categorical_column_with_identity(self.name, VOCAB)
-    else:
-      categorical = fc.categorical_column_with_identity(self.name, VOCAB)
-    if self.weighted:
-      categorical = fc.weighted_categorical_column(categorical, self.weight_key)
-    return tpu_fc.embedding_column(
-        categorical, self.dim, combiner=self.combiner,
-        initializer=tf.compat.v1.constant_initializer(self.init()),
-        max_sequence_length=self.seq_len,
-        learning_rate_fn=self.learning_rate_fn)
-
-  def inputs(self):
-    values = {self.name: self.ids.ids_tensor()}
-    if self.weighted:
-      values[self.weight_key] = self.ids.weights_tensor()
-    return values
-
-  def entries(self):
-    entries = self.ids.entries()
-    if not self.weighted:
-      entries = [(b, j, i, 1.0) for b, j, i, _ in entries]
-    return entries
-
-
-# The numpy model. -------------------------------------------------------------
-
-
-def np_activation(feat, table):
-  """Activation ([B, dim] or [B, L, dim]) and sequence lengths, by hand."""
-  entries = feat.entries()
-  if feat.seq_len:
-    act = np.zeros((BATCH, feat.seq_len, feat.dim), np.float64)
-    lengths = np.zeros(BATCH, np.int64)
-    for b, j, i, _ in entries:
-      lengths[b] = max(lengths[b], min(j + 1, feat.seq_len))
-      if j < feat.seq_len:
-        act[b, j] = table[i]
-    return act, lengths
-  act = np.zeros((BATCH, feat.dim), np.float64)
-  for b in range(BATCH):
-    mine = [(i, w) for bb, _, i, w in entries if bb == b]
-    if mine:
-      act[b] = sum(w * table[i].astype(np.float64) for i, w in mine) * _scale(
-          feat.combiner, [w for _, w in mine])
-  return act, None
-
-
-def _scale(combiner, weights):
-  if combiner == 'mean':
-    return 1.0 / sum(weights)
-  if combiner == 'sqrtn':
-    return 1.0 / np.sqrt(sum(w * w for w in weights))
-  assert combiner == 'sum'
-  return 1.0
-
-
-def np_entry_gradients(feat, dy):
-  """(ids, examples, d(loss)/d(row)) of the looked-up entries, by the chain rule."""
-  entries = feat.entries()
-  ids, examples, grads = [], [], []
-  for b, j, i, w in entries:
-    if feat.seq_len:
-      if j >= feat.seq_len:
-        continue  # truncated: not part of the activation
-      grads.append(dy[b, j])
-    else:
-      grads.append(dy[b] * w * _scale(
-          feat.combiner, [ww for bb, _, _, ww in entries if bb == b]))
-    ids.append(i)
-    examples.append(b)
-  return ids, examples, grads
 
 
 def simulate(feats, table_of, params_of, num_steps, learning_rate, multiplier,
@@ -223,29 +44,29 @@ def simulate(feats, table_of, params_of, num_steps, learning_rate, multiplier,
 
   The examples split evenly over `num_shards` cores, in order; each table
   update is the reference's for that many cores (`apply_update_by_core`).  Tables and slots are snapshots of
-  `helpers.ReferenceSteps`, with their error bound.
+  `oracle.ReferenceSteps`, with their error bound.
   """
   tables = {}
   for feat in feats:
     name = table_of[feat.name]
     if name not in tables:
       params, init = params_of[name], feat.init()
-      # np_entry_gradients rounds at most as often as the engine: dy·w, the
+      # oracle.np_entry_gradients rounds at most as often as the engine: dy·w, the
       # scale, their product, the multiplier.
-      tables[name] = helpers.ReferenceSteps(
+      tables[name] = oracle.ReferenceSteps(
           params, init, reference.init_slots(params, init.shape),
-          gradient_roundings=helpers.ENGINE_GRADIENT_ROUNDINGS)
+          gradient_roundings=oracle.ENGINE_GRADIENT_ROUNDINGS)
   history = []
   for step in range(num_steps):
     activations, ids, cores, grads = {}, {}, {}, {}
     for feat in feats:
       table = table_of[feat.name]
-      act, lengths = np_activation(feat, tables[table].table)
+      act, lengths = oracle.np_activation(feat, tables[table].table)
       activations[feat.name] = act
       if lengths is not None:
         activations[feat.name + '_seq_length_'] = lengths
       dy = feat.dy() if feat.name in loss_features else np.zeros_like(act)
-      feat_ids, examples, feat_grads = np_entry_gradients(feat, dy)
+      feat_ids, examples, feat_grads = oracle.np_entry_gradients(feat, dy)
       ids.setdefault(table, []).extend(feat_ids)
       cores.setdefault(table, []).extend(
           b // (BATCH // num_shards) for b in examples)
@@ -385,17 +206,17 @@ OPTIMIZERS = {
 def test_optimizer_combiner_input_matrix(optimizer):
   """Every combiner x input kind (12 tables in one graph) for every optimizer."""
   num_shards = 1 + sorted(OPTIMIZERS).index(optimizer) % 2
-  feats = [Feat(f'{kind}_{combiner}', unweighted(INPUTS[kind]), combiner,
-                seed=len(INPUTS) * c + k)
+  feats = [inputs.Feat(f'{kind}_{combiner}', inputs.unweighted(inputs.INPUTS[kind]), combiner,
+                seed=len(inputs.INPUTS) * c + k)
            for c, combiner in enumerate(COMBINERS)
-           for k, kind in enumerate(sorted(INPUTS))]
+           for k, kind in enumerate(sorted(inputs.INPUTS))]
   check([f.column() for f in feats], feats,
         OPTIMIZERS[optimizer](), num_shards=num_shards)
 
 
 @pytest.mark.parametrize('num_shards', [1, 2])
 def test_weighted_sparse_and_ragged_weights(num_shards):
-  feats = [Feat(f'{kind}_{combiner}', INPUTS[kind], combiner, weighted=True,
+  feats = [inputs.Feat(f'{kind}_{combiner}', inputs.INPUTS[kind], combiner, weighted=True,
                 seed=10 + 2 * c + k)
            for c, combiner in enumerate(COMBINERS)
            for k, kind in enumerate(('ragged', 'sparse'))]
@@ -406,7 +227,7 @@ def test_weighted_sparse_and_ragged_weights(num_shards):
 
 def test_weighted_activation_by_hand():
   """One weighted example spelled out: mean = (0.5 e3 + 2 e0) / 2.5."""
-  feat = Feat('w', SPARSE, 'mean', weighted=True)
+  feat = inputs.Feat('w', inputs.SPARSE, 'mean', weighted=True)
   got, _, _ = check([feat.column()], [feat],
                     tpu_fc.StochasticGradientDescentParameters(0.1),
                     num_steps=1)
@@ -419,18 +240,13 @@ def test_weighted_activation_by_hand():
 
 # Sequence features. ------------------------------------------------------------
 
-# L = 2: example 0 is truncated (ids 5 and 6 only at positions >= 2), example 1
-# has a hole at position 0, example 2 is empty, example 3 has length 1.
-SEQUENCE_SPARSE = Ids('sparse', [(0, 0, 3), (0, 1, 1), (0, 2, 5), (0, 3, 6),
-                                 (1, 1, 2), (3, 0, 4)], width=4)
-SEQUENCE_RAGGED = Ids('ragged', [[2], [4, 4, 1], [], [3, 2]])
 
 
 @pytest.mark.parametrize('num_shards', [1, 2])
 def test_sequence_features(num_shards):
-  feats = [Feat('seq_sparse', SEQUENCE_SPARSE, seq_len=2, seed=20),
-           Feat('seq_ragged', SEQUENCE_RAGGED, seq_len=2, dim=2, seed=21),
-           Feat('plain', unweighted(SPARSE), 'sum', seed=22)]
+  feats = [inputs.Feat('seq_sparse', inputs.SEQUENCE_SPARSE, seq_len=2, seed=20),
+           inputs.Feat('seq_ragged', inputs.SEQUENCE_RAGGED, seq_len=2, dim=2, seed=21),
+           inputs.Feat('plain', inputs.unweighted(inputs.SPARSE), 'sum', seed=22)]
   # Adagrad leaves rows with a zero gradient unchanged, so this test does not
   # depend on whether truncated ids are updated (see the test below).
   got, _, _ = check([f.column() for f in feats], feats,
@@ -451,7 +267,7 @@ def test_sequence_features(num_shards):
 
 
 def test_truncated_sequence_ids_are_not_updated():
-  feat = Feat('seq', SEQUENCE_SPARSE, seq_len=2, seed=23)
+  feat = inputs.Feat('seq', inputs.SEQUENCE_SPARSE, seq_len=2, seed=23)
   got, _, _ = run_engine_one(feat, tpu_fc.FtrlParameters(0.1))
   # Ids 5 and 6 appear only at positions >= max_sequence_length.
   np.testing.assert_allclose(got['tables']['tbl_seq'][[5, 6]],
@@ -476,9 +292,9 @@ def test_shared_columns_sum_gradients_into_one_update(optimizer):
       [fc.categorical_column_with_identity('b', VOCAB),
        fc.categorical_column_with_identity('c', VOCAB)], DIM, combiner='sqrtn',
       initializer=tf.compat.v1.constant_initializer(init))
-  feats = [Feat('b', unweighted(SPARSE), 'sqrtn', seed=30),
-           Feat('c', DENSE, 'sqrtn', seed=31),
-           Feat('a', RAGGED, 'mean', weighted=True, seed=32)]
+  feats = [inputs.Feat('b', inputs.unweighted(inputs.SPARSE), 'sqrtn', seed=30),
+           inputs.Feat('c', inputs.DENSE, 'sqrtn', seed=31),
+           inputs.Feat('a', inputs.RAGGED, 'mean', weighted=True, seed=32)]
   for feat in feats[:2]:
     feat.init = lambda: init
   _, _, table_of = check(shared + [feats[2].column()], feats,
@@ -494,8 +310,8 @@ def test_shared_columns_with_sequence_feature():
        fc.sequence_categorical_column_with_identity('q', VOCAB)], 2,
       combiner='sum', max_sequence_lengths=[0, 2],
       initializer=tf.compat.v1.constant_initializer(init))
-  feats = [Feat('p', unweighted(RAGGED), 'sum', dim=2, seed=33),
-           Feat('q', SEQUENCE_SPARSE, seq_len=2, dim=2, seed=34)]
+  feats = [inputs.Feat('p', inputs.unweighted(inputs.RAGGED), 'sum', dim=2, seed=33),
+           inputs.Feat('q', inputs.SEQUENCE_SPARSE, seq_len=2, dim=2, seed=34)]
   for feat in feats:
     feat.init = lambda: init
   check(shared, feats,
@@ -512,9 +328,9 @@ def _rate_fn(step):
 @pytest.mark.parametrize('optimizer', ['sgd', 'adagrad'])
 def test_learning_rate_fn_reads_global_step_before_increment(optimizer):
   params = OPTIMIZERS[optimizer]()
-  feats = [Feat('scheduled', unweighted(SPARSE), 'sum', seed=40,
+  feats = [inputs.Feat('scheduled', inputs.unweighted(inputs.SPARSE), 'sum', seed=40,
                 learning_rate_fn=_rate_fn),
-           Feat('constant', RAGGED, 'mean', weighted=True, seed=41)]
+           inputs.Feat('constant', inputs.RAGGED, 'mean', weighted=True, seed=41)]
   def rate(table, step):
     if table == 'tbl_scheduled':  # fn(0), fn(1), fn(2): the pre-increment step
       return np.float32(0.1) / np.float32(1. + step)  # in float32, as _rate_fn
@@ -527,7 +343,7 @@ def test_learning_rate_fn_reads_global_step_before_increment(optimizer):
 def test_learning_rate_fn_differs_from_post_increment_rates():
   """The check above can tell fn(step) from fn(step + 1) (sanity of the test)."""
   params = tpu_fc.StochasticGradientDescentParameters(1.0)
-  feat = Feat('scheduled', unweighted(SPARSE), 'sum', seed=40,
+  feat = inputs.Feat('scheduled', inputs.unweighted(inputs.SPARSE), 'sum', seed=40,
               learning_rate_fn=_rate_fn)
   with pytest.raises(AssertionError):
     check([feat.column()], [feat], params, num_steps=1,
@@ -593,8 +409,8 @@ def test_global_step_read_before_increment_without_model_variables():
 
 
 def test_gradient_multiplier_fn():
-  feats = [Feat('x', unweighted(SPARSE), 'mean', seed=42),
-           Feat('y', DENSE, 'sqrtn', seed=43)]
+  feats = [inputs.Feat('x', inputs.unweighted(inputs.SPARSE), 'mean', seed=42),
+           inputs.Feat('y', inputs.DENSE, 'sqrtn', seed=43)]
   check([f.column() for f in feats], feats,
         tpu_fc.AdagradParameters(0.1), num_steps=3, num_shards=2,
         gradient_multiplier_fn=lambda step: 2. + tf.cast(step, tf.float32),
@@ -628,19 +444,19 @@ REGULARIZED = {
 
 @pytest.mark.parametrize('name', sorted(REGULARIZED))
 def test_clipping_and_weight_decay(name):
-  feats = [Feat('x', SPARSE, 'sum', weighted=True, seed=50),
-           Feat('y', RAGGED, 'mean', seed=51)]
+  feats = [inputs.Feat('x', inputs.SPARSE, 'sum', weighted=True, seed=50),
+           inputs.Feat('y', inputs.RAGGED, 'mean', seed=51)]
   check([f.column() for f in feats], feats,
         REGULARIZED[name](), num_shards=2)
 
 
 def test_clipping_binds():
   """The clip bounds above really clip (so the test can tell clipped from not)."""
-  feats = [Feat('x', SPARSE, 'sum', weighted=True, seed=50),
-           Feat('y', RAGGED, 'mean', seed=51)]
+  feats = [inputs.Feat('x', inputs.SPARSE, 'sum', weighted=True, seed=50),
+           inputs.Feat('y', inputs.RAGGED, 'mean', seed=51)]
   summed = []
   for feat in feats:
-    ids, _, grads = np_entry_gradients(feat, feat.dy())
+    ids, _, grads = oracle.np_entry_gradients(feat, feat.dy())
     summed.append(np.zeros((VOCAB, DIM)))
     np.add.at(summed[-1], ids, grads)
   summed = np.concatenate(summed)
@@ -659,8 +475,8 @@ def test_two_shards_against_one_shard(optimizer, accumulation):
   shards move every row as one shard does; without it a row seen by one core
   does, a row seen by both cores too under SGD only (two Adagrad or Adam steps
   from per-core sums are not one step from their total)."""
-  feats = [Feat('x', unweighted(SPARSE), 'mean', seed=60),  # id 3: both cores
-           Feat('y', RAGGED, 'sqrtn', weighted=True, seed=61)]
+  feats = [inputs.Feat('x', inputs.unweighted(inputs.SPARSE), 'mean', seed=60),  # id 3: both cores
+           inputs.Feat('y', inputs.RAGGED, 'sqrtn', weighted=True, seed=61)]
   one, _, _ = check([f.column() for f in feats], feats,
                     OPTIMIZERS[optimizer](), num_steps=1, num_shards=1)
   two, _, table_of = check(
@@ -688,8 +504,8 @@ def test_two_shards_against_one_shard(optimizer, accumulation):
 
 
 def test_shard_outputs_are_batch_slices():
-  feat = Feat('x', unweighted(SPARSE), 'sum', seed=62)
-  seq = Feat('s', SEQUENCE_SPARSE, seq_len=2, seed=63)
+  feat = inputs.Feat('x', inputs.unweighted(inputs.SPARSE), 'sum', seed=62)
+  seq = inputs.Feat('s', inputs.SEQUENCE_SPARSE, seq_len=2, seed=63)
   with tf.Graph().as_default():
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column(), seq.column()],
@@ -701,8 +517,8 @@ def test_shard_outputs_are_batch_slices():
     with tf.compat.v1.Session() as sess:
       sess.run(tf.compat.v1.global_variables_initializer())
       got = sess.run(shards)
-  want, _ = np_activation(feat, feat.init())
-  want_seq, lengths = np_activation(seq, seq.init())
+  want, _ = oracle.np_activation(feat, feat.init())
+  want_seq, lengths = oracle.np_activation(seq, seq.init())
   for s in range(2):
     rows = slice(2 * s, 2 * s + 2)
     np.testing.assert_allclose(got[s]['x'], want[rows], rtol=RTOL, atol=ATOL)
@@ -716,8 +532,8 @@ def test_shard_outputs_are_batch_slices():
 @pytest.mark.parametrize('num_shards', [1, 2])
 def test_loss_ignoring_a_feature_gives_its_rows_zero_gradient(num_shards):
   """FTRL moves a row even for a zero gradient: the rows are updated with g = 0."""
-  feats = [Feat('used', unweighted(SPARSE), 'sum', seed=70),
-           Feat('ignored', RAGGED, 'mean', seed=71)]
+  feats = [inputs.Feat('used', inputs.unweighted(inputs.SPARSE), 'sum', seed=70),
+           inputs.Feat('ignored', inputs.RAGGED, 'mean', seed=71)]
   got, _, _ = check([f.column() for f in feats], feats,
                     tpu_fc.FtrlParameters(0.1, l1_regularization_strength=0.01),
                     num_steps=2, num_shards=num_shards, loss_features=['used'])
@@ -735,8 +551,8 @@ def test_shared_table_with_one_feature_ignored():
       [fc.categorical_column_with_identity('b', VOCAB),
        fc.categorical_column_with_identity('c', VOCAB)], DIM, combiner='mean',
       initializer=tf.compat.v1.constant_initializer(init))
-  feats = [Feat('b', unweighted(SPARSE), 'mean', seed=72),
-           Feat('c', RAGGED, 'mean', seed=73)]
+  feats = [inputs.Feat('b', inputs.unweighted(inputs.SPARSE), 'mean', seed=72),
+           inputs.Feat('c', inputs.RAGGED, 'mean', seed=73)]
   for feat in feats:
     feat.init = lambda: init
   check(shared, feats, tpu_fc.AdagradParameters(0.3),
@@ -748,9 +564,9 @@ def test_shared_table_with_one_feature_ignored():
 
 @pytest.mark.parametrize('num_shards', [1, 2])
 def test_eval_lookup_without_training(num_shards):
-  feats = [Feat('x', SPARSE, 'sqrtn', weighted=True, seed=80),
-           Feat('y', DENSE, 'mean', seed=81),
-           Feat('s', SEQUENCE_RAGGED, seq_len=2, seed=82)]
+  feats = [inputs.Feat('x', inputs.SPARSE, 'sqrtn', weighted=True, seed=80),
+           inputs.Feat('y', inputs.DENSE, 'mean', seed=81),
+           inputs.Feat('s', inputs.SEQUENCE_RAGGED, seq_len=2, seed=82)]
   with tf.Graph().as_default() as graph:
     params = tpu_fc.AdamParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[f.column() for f in feats],
@@ -772,7 +588,7 @@ def test_eval_lookup_without_training(num_shards):
         got = sess.run(fetch)
       tables = sess.run(engine.tables)
   for feat in feats:
-    act, lengths = np_activation(feat, feat.init())
+    act, lengths = oracle.np_activation(feat, feat.init())
     np.testing.assert_allclose(got[feat.name], act, rtol=RTOL, atol=ATOL)
     if lengths is not None:
       np.testing.assert_array_equal(got[feat.name + '_seq_length_'], lengths)
@@ -800,9 +616,9 @@ def test_dict_path_training_with_per_table_optimizer():
                                   optimization_parameters=own,
                                   initializer=tf.compat.v1.constant_initializer(init_v))},
       optimization_parameters=tpu_fc.AdagradParameters(0.1))
-  feats = [Feat('f1', DENSE, 'sqrtn', seed=92),
-           Feat('f2', SPARSE, 'sqrtn', weighted=True, seed=93),
-           Feat('g', unweighted(RAGGED), 'sum', dim=2, seed=94)]
+  feats = [inputs.Feat('f1', inputs.DENSE, 'sqrtn', seed=92),
+           inputs.Feat('f2', inputs.SPARSE, 'sqrtn', weighted=True, seed=93),
+           inputs.Feat('g', inputs.unweighted(inputs.RAGGED), 'sum', dim=2, seed=94)]
   feats[0].init = feats[1].init = lambda: init_u
   feats[2].init = lambda: init_v
   params_of = {'u': spec.optimization_parameters, 'v': own}
@@ -890,7 +706,7 @@ def test_checkpoint_variables_per_table_optimizer_and_eval():
 
 
 def test_checkpoint_variables_columns_path_needs_recorded_scopes():
-  feat = Feat('x', SPARSE, 'sum')
+  feat = inputs.Feat('x', inputs.SPARSE, 'sum')
   with tf.Graph().as_default() as graph:
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column()],
@@ -925,10 +741,10 @@ def _runtime_ids(kind, bad_id):
   return tf.reshape(tf.concat([values, [4]], 0), [BATCH, 1])
 
 
-@pytest.mark.parametrize('kind', sorted(INPUTS))
+@pytest.mark.parametrize('kind', sorted(inputs.INPUTS))
 @pytest.mark.parametrize('training', [False, True])
 def test_id_out_of_vocabulary_fails_at_run_time_naming_the_feature(kind, training):
-  feat = Feat('user_id', SPARSE, 'sum')
+  feat = inputs.Feat('user_id', inputs.SPARSE, 'sum')
   with tf.Graph().as_default():
     engine = _engine_for([feat], training=training)
     step, shards = engine.lookup({'user_id': _runtime_ids(kind, VOCAB + 2)})
@@ -948,7 +764,7 @@ def test_id_out_of_vocabulary_fails_at_run_time_naming_the_feature(kind, trainin
 
 
 def test_id_out_of_vocabulary_known_statically_fails_naming_the_feature():
-  feat = Feat('user_id', SPARSE, 'sum')
+  feat = inputs.Feat('user_id', inputs.SPARSE, 'sum')
   with tf.Graph().as_default():
     engine = _engine_for([feat])
     with pytest.raises(tf.errors.InvalidArgumentError, match='user_id'):
@@ -964,13 +780,13 @@ def test_negative_ids_are_padding(combiner):
   """Negative ids are dropped with their weights (the engine's rule, as TF's safe
   lookups): the activation and the update are those without them."""
   feats = [
-      Feat('sparse', Ids('sparse', [(0, 0, 3), (0, 1, -1), (1, 0, -4), (2, 0, 6),
+      inputs.Feat('sparse', inputs.Ids('sparse', [(0, 0, 3), (0, 1, -1), (1, 0, -4), (2, 0, 6),
                                     (2, 1, 6), (3, 2, 1)],
                          weights=[0.5, 3.0, 2.0, 1.0, 2.0, -1.5]),
            combiner, weighted=True, seed=110),
-      Feat('ragged', Ids('ragged', [[-1], [2, -2, 5], [], [5]]), combiner,
+      inputs.Feat('ragged', inputs.Ids('ragged', [[-1], [2, -2, 5], [], [5]]), combiner,
            seed=111),
-      Feat('dense', Ids('dense', [[-1, 4], [0, 3], [-3, -3], [1, 1]]), combiner,
+      inputs.Feat('dense', inputs.Ids('dense', [[-1, 4], [0, 3], [-3, -3], [1, 1]]), combiner,
            seed=112)]
   check([f.column() for f in feats], feats,
         tpu_fc.FtrlParameters(0.2, l1_regularization_strength=0.01),
@@ -988,7 +804,7 @@ LEGACY_STRING_IDS_ERROR = (
 
 @pytest.mark.parametrize('kind', ['sparse', 'dense', 'ragged'])
 def test_string_ids_raise_legacy_error(kind):
-  feat = Feat('user_id', SPARSE, 'sum')
+  feat = inputs.Feat('user_id', inputs.SPARSE, 'sum')
   with tf.Graph().as_default():
     engine = _engine_for([feat])
     if kind == 'sparse':
@@ -1003,20 +819,20 @@ def test_string_ids_raise_legacy_error(kind):
 
 
 def test_missing_feature_raises_key_error_naming_it():
-  feats = [Feat('user_id', SPARSE, 'sum'), Feat('item_id', RAGGED, 'sum')]
+  feats = [inputs.Feat('user_id', inputs.SPARSE, 'sum'), inputs.Feat('item_id', inputs.RAGGED, 'sum')]
   with tf.Graph().as_default():
     engine = _engine_for(feats)
     with pytest.raises(KeyError, match='item_id'):
-      engine.lookup({'user_id': SPARSE.ids_tensor()})
+      engine.lookup({'user_id': inputs.SPARSE.ids_tensor()})
 
 
 def test_missing_weights_raise_legacy_error():
-  feat = Feat('user_id', SPARSE, 'sum', weighted=True)
+  feat = inputs.Feat('user_id', inputs.SPARSE, 'sum', weighted=True)
   with tf.Graph().as_default():
     engine = _engine_for([feat])
     # Legacy TF raises ValueError; the engine raises KeyError: both carry the text.
     with pytest.raises((KeyError, ValueError)) as error:
-      engine.lookup({'user_id': SPARSE.ids_tensor()})
+      engine.lookup({'user_id': inputs.SPARSE.ids_tensor()})
   assert ('Cannot find weights user_id_w for weighted_categorical_column. '
           'Please check if the weights are present in feature dict. Also note '
           'weight-sharing among weighted_categorical_column is not supported '
@@ -1024,11 +840,11 @@ def test_missing_weights_raise_legacy_error():
 
 
 def test_dense_weights_raise_legacy_error():
-  feat = Feat('user_id', SPARSE, 'sum', weighted=True)
+  feat = inputs.Feat('user_id', inputs.SPARSE, 'sum', weighted=True)
   with tf.Graph().as_default():
     engine = _engine_for([feat])
     with pytest.raises(ValueError) as error:
-      engine.lookup({'user_id': SPARSE.ids_tensor(),
+      engine.lookup({'user_id': inputs.SPARSE.ids_tensor(),
                      'user_id_w': tf.ones([BATCH, 4])})
   assert str(error.value) == (
       'weighted_categorical_column with weight key name user_id_w has dense '

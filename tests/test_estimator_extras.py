@@ -9,21 +9,25 @@ import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 from tpu_fc.estimator import hooks as hooks_lib
-from tpu_fc.estimator import inputs
+from tpu_fc.estimator import inputs as estimator_inputs
 
-import helpers
-import test_user_scripts as scripts
-from test_user_scripts import BATCH, N, X, Y
+from harness import estimators
+from harness import inputs
+from harness import lanes
+from harness import models
+from harness import oracle
 
-LEGACY = TF_VERSION == (2, 15)
+# The linear model's data and batch (`estimators.linear_estimator`).
+N, BATCH = inputs.N, estimators.LINEAR_BATCH
+X, Y = inputs.X, inputs.Y
+
 pytestmark = pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
 
 
 def _eval_input_fn(params):
-  return scripts.input_fn(params).take(N // BATCH)
+  return inputs.linear(params).take(N // BATCH)
 
 
 def _auc(labels, predictions):
@@ -35,7 +39,7 @@ def _auc(labels, predictions):
 
 def _drivers():
   """tpu_fc, and on the legacy lane TF 2.15's TPUEstimator."""
-  return [tpu_fc] + ([tf.compat.v1.estimator.tpu] if LEGACY else [])
+  return [tpu_fc] + ([tf.compat.v1.estimator.tpu] if lanes.LEGACY else [])
 
 
 def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
@@ -48,7 +52,7 @@ def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
   seen = {}
   for driver in _drivers():
     records = []
-    estimator = scripts.estimator_of(
+    estimator = estimators.linear_estimator(
         tmp_path / driver.__name__, use_tpu=driver is tpu_fc, driver=driver,
         record=lambda params, records=records: records.append(
             {key: value for key, value in params.items()
@@ -58,7 +62,7 @@ def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
                                 tpu_fc.ModeKeys.EVAL, estimator.config)
       assert type(spec).__name__ == 'EstimatorSpec'
       assert set(spec.eval_metric_ops) == {'mean_logit'}
-    estimator.train(scripts.input_fn, max_steps=2)
+    estimator.train(inputs.linear, max_steps=2)
     with tpu_fc.legacy_names.installed():
       extended = tf.estimator.add_metrics(estimator, _auc)
     # (a plain Estimator, whose input_fn gets no batch size, as in TF)
@@ -67,11 +71,12 @@ def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
   params, metrics = seen[tpu_fc]
   assert params == {'use_tpu': False}
   assert set(metrics) == {'loss', 'mean_logit', 'auc', 'global_step'}
-  cpu = scripts.estimator_of(tmp_path / 'tpu_fc', use_tpu=False).evaluate(
-      _eval_input_fn, steps=N // BATCH)
+  cpu = estimators.linear_estimator(tmp_path / 'tpu_fc',
+                                    use_tpu=False).evaluate(
+                                        _eval_input_fn, steps=N // BATCH)
   for name in ('loss', 'mean_logit'):
     assert metrics[name] == pytest.approx(cpu[name], rel=1e-6), name
-  if LEGACY:  # (trained on the emulated TPU's 2 shards; TF's on the CPU)
+  if lanes.LEGACY:  # (trained on the emulated TPU's 2 shards; TF's on the CPU)
     legacy_params, legacy = seen[tf.compat.v1.estimator.tpu]
     assert legacy_params == params
     for name in metrics:
@@ -113,9 +118,9 @@ def test_experimental_export_all_saved_models_writes_a_meta_graph_per_mode(
   modes a TPU does not export (no TPU meta graph without a TPU)."""
   exported = {}
   for driver in _drivers():
-    estimator = scripts.estimator_of(tmp_path / driver.__name__,
-                                     use_tpu=driver is tpu_fc, driver=driver)
-    estimator.train(scripts.input_fn, max_steps=2)
+    estimator = estimators.linear_estimator(
+        tmp_path / driver.__name__, use_tpu=driver is tpu_fc, driver=driver)
+    estimator.train(inputs.linear, max_steps=2)
     with tpu_fc.legacy_names.installed():
       export_dir = estimator.experimental_export_all_saved_models(
           str(tmp_path / ('export_' + driver.__name__)), _receivers())
@@ -135,7 +140,7 @@ def test_experimental_export_all_saved_models_writes_a_meta_graph_per_mode(
              '`export_to_tpu` is `True`; Mode {} will be ignored for TPU.'.format(
                  mode) for mode in ('train', 'eval')]
   assert [m for m in tf_log if m in ignored] == ignored * len(_drivers())
-  if LEGACY:
+  if lanes.LEGACY:
     legacy_meta_graphs, _ = exported[tf.compat.v1.estimator.tpu]
     assert ({tags: signatures for tags, (signatures, _) in
              legacy_meta_graphs.items()} ==
@@ -161,12 +166,12 @@ def test_in_memory_evaluator_hook_evaluates_the_variables_being_trained(
   the legacy lane TF 2.15's own hook, given tpu_fc's estimator, evaluates
   the same."""
   hook_classes = [hooks_lib.InMemoryEvaluatorHook]
-  if LEGACY:
+  if lanes.LEGACY:
     hook_classes.append(tf.estimator.experimental.InMemoryEvaluatorHook)
   evaluations = []
   for number, hook_class in enumerate(hook_classes):
-    estimator = scripts.estimator_of(tmp_path / str(number), use_tpu)
-    estimator.train(scripts.input_fn, max_steps=4, hooks=[hook_class(
+    estimator = estimators.linear_estimator(tmp_path / str(number), use_tpu)
+    estimator.train(inputs.linear, max_steps=4, hooks=[hook_class(
         estimator, _eval_input_fn, steps=N // BATCH, every_n_iter=2)])
     evaluations.append(_evaluations(estimator.eval_dir()))
     final = estimator.evaluate(_eval_input_fn, steps=N // BATCH,
@@ -185,14 +190,15 @@ def test_make_stop_at_checkpoint_step_hook(tmp_path, monkeypatch):
   checkpoint holds the last step (here the chief's, saving every step, in
   the same model_dir), as TF 2.15's does given tpu_fc's estimator."""
   makers = [hooks_lib.make_stop_at_checkpoint_step_hook]
-  if LEGACY:
+  if lanes.LEGACY:
     makers.append(tf.estimator.experimental.make_stop_at_checkpoint_step_hook)
   for number, make in enumerate(makers):
     model_dir = str(tmp_path / str(number))
 
     def estimator(**config):
       return tpu_fc.TPUEstimator(
-          model_fn=scripts.model_fn, use_tpu=False, train_batch_size=BATCH,
+          model_fn=models.linear_model_fn, use_tpu=False,
+          train_batch_size=BATCH,
           params={'hook_on_loss': None, 'spec': tpu_fc.TPUEstimatorSpec},
           config=tpu_fc.RunConfig(model_dir=model_dir, **config))
 
@@ -205,7 +211,7 @@ def test_make_stop_at_checkpoint_step_hook(tmp_path, monkeypatch):
       worker = estimator()
     hook = make(worker, 3, wait_after_file_check_secs=0)
     assert not isinstance(hook, tf.compat.v1.train.StopAtStepHook)
-    chief.train(scripts.input_fn, hooks=[hook])
+    chief.train(inputs.linear, hooks=[hook])
     assert chief.get_variable_value('global_step') == 3
 
 
@@ -280,8 +286,8 @@ def test_a_warm_start_remaps_a_vocabulary_with_vocab_info(tmp_path, use_tpu):
 
 def _numpy_input_fns():
   """tpu_fc's numpy_input_fn, and on the legacy lane TF 2.15's."""
-  return [inputs.numpy_input_fn] + (
-      [tf.compat.v1.estimator.inputs.numpy_input_fn] if LEGACY else [])
+  return [estimator_inputs.numpy_input_fn] + (
+      [tf.compat.v1.estimator.inputs.numpy_input_fn] if lanes.LEGACY else [])
 
 
 def _batches_of(input_fn, most=12):
@@ -372,7 +378,7 @@ def test_numpy_input_fn_shuffles_and_reads_per_thread_as_tf_2_15():
   ]
   for numpy_input_fn in _numpy_input_fns():
     with tf.Graph().as_default():
-      assert [helpers.outcome(call, numpy_input_fn) for call in calls] == (
+      assert [oracle.outcome(call, numpy_input_fn) for call in calls] == (
           expected)
 
 
@@ -383,10 +389,10 @@ def test_pandas_input_fn_without_pandas_fails_as_tf_2_15s():
     pass
   else:
     pytest.skip('pandas is installed')
-  functions = [inputs.pandas_input_fn] + (
-      [tf.compat.v1.estimator.inputs.pandas_input_fn] if LEGACY else [])
+  functions = [estimator_inputs.pandas_input_fn] + (
+      [tf.compat.v1.estimator.inputs.pandas_input_fn] if lanes.LEGACY else [])
   for pandas_input_fn in functions:
-    assert helpers.outcome(pandas_input_fn, None, shuffle=False) == (
+    assert oracle.outcome(pandas_input_fn, None, shuffle=False) == (
         TypeError, 'pandas_input_fn should not be called without pandas '
         'installed')
 
@@ -400,14 +406,14 @@ def test_a_tutorial_input_fn_of_numpy_arrays_trains_a_tpu_estimator(
   model trains as on the same batches from a Dataset."""
   with tpu_fc.legacy_names.installed():
     numpy_input_fn = tf.compat.v1.estimator.inputs.numpy_input_fn
-  estimator = scripts.estimator_of(tmp_path / 'numpy', use_tpu)
+  estimator = estimators.linear_estimator(tmp_path / 'numpy', use_tpu)
   estimator.train(lambda params: numpy_input_fn(
       X, Y, batch_size=params['batch_size'], shuffle=False,
       num_epochs=None if use_tpu else 1)(), max_steps=2 * N // BATCH)
   assert estimator.get_variable_value('global_step') == (
       2 * N // BATCH if use_tpu else N // BATCH)
-  dataset = scripts.estimator_of(tmp_path / 'dataset', use_tpu)
-  dataset.train(scripts.input_fn,
+  dataset = estimators.linear_estimator(tmp_path / 'dataset', use_tpu)
+  dataset.train(inputs.linear,
                 max_steps=estimator.get_variable_value('global_step'))
   np.testing.assert_allclose(estimator.get_variable_value('dense/kernel'),
                              dataset.get_variable_value('dense/kernel'),

@@ -9,19 +9,14 @@ import logging
 import numpy as np
 import pytest
 
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
+import tpu_fc.estimator as ours
 
-if TF_VERSION != (2, 15):
-  pytest.skip('needs TF 2.15 with tensorflow_estimator',
-              allow_module_level=True)
-tfe = pytest.importorskip('tensorflow_estimator')
+from harness import lanes
 
-import tpu_fc.estimator as ours  # pylint: disable=g-import-not-at-top
-
-legacy = tf.compat.v1.estimator.tpu
-pytestmark = pytest.mark.filterwarnings(
-    'ignore:`tf.layers.dense` is deprecated')
+legacy = tf.compat.v1.estimator.tpu if lanes.LEGACY else None
+pytestmark = [pytest.mark.legacy_only, pytest.mark.filterwarnings(
+    'ignore:`tf.layers.dense` is deprecated')]
 
 BATCH = 4
 N = 16

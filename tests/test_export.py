@@ -10,7 +10,6 @@ with tensorflow_estimator's.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -18,16 +17,14 @@ import pytest
 from tensorflow.core.protobuf import saved_model_pb2
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
-from helpers import outcome
+from harness import lanes
+from harness import scripts
+from harness.oracle import outcome
 
 fc = tf.feature_column
 PREDICT = tpu_fc.ModeKeys.PREDICT
-LEGACY = TF_VERSION == (2, 15)
-legacy_only = pytest.mark.skipif(
-    not LEGACY, reason='needs TF 2.15 with tensorflow_estimator')
 
 N = 8
 BATCH = 4
@@ -343,14 +340,13 @@ def test_exported_tables_are_the_trained_ones(trained, exported):
       tf.train.load_variable(variables, names[0]), initial)
 
 
-def _run(args):
-  return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
-
-
+@pytest.mark.subprocess
 def test_saved_model_cli_show_all(trained, exported):
   if not trained[0]:
     pytest.skip('one use_tpu variant is enough')
-  result = _run([SAVED_MODEL_CLI, 'show', '--dir', _str(exported[1]), '--all'])
+  result = scripts.run(
+      [SAVED_MODEL_CLI, 'show', '--dir', _str(exported[1]), '--all'],
+      timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "signature_def['serving_default']" in result.stdout
   assert "inputs['examples']" in result.stdout
@@ -358,6 +354,7 @@ def test_saved_model_cli_show_all(trained, exported):
   assert 'tensorflow/serving/predict' in result.stdout
 
 
+@pytest.mark.subprocess
 def test_saved_model_cli_run_input_examples(trained, exported, signature,
                                            tmp_path):
   """`saved_model_cli run --input_examples` (both lanes' syntax) serves a row."""
@@ -367,10 +364,11 @@ def test_saved_model_cli_run_input_examples(trained, exported, signature,
   example = {k: v for k, v in example_dict(1).items() if v}
   assert 'c' not in example and 'sb' not in example
   outdir = tmp_path / 'cli_out'
-  result = _run([SAVED_MODEL_CLI, 'run', '--dir', _str(exported[1]),
-                 '--tag_set', 'serve', '--signature_def', 'serving_default',
-                 '--input_examples', 'examples=[{}]'.format(json.dumps(example)),
-                 '--outdir', str(outdir)])
+  result = scripts.run(
+      [SAVED_MODEL_CLI, 'run', '--dir', _str(exported[1]), '--tag_set', 'serve',
+       '--signature_def', 'serving_default', '--input_examples',
+       'examples=[{}]'.format(json.dumps(example)), '--outdir', str(outdir)],
+      timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'Result for output key logits' in result.stdout
   served = signature(examples=tf.constant([serialize(example)]))
@@ -625,7 +623,7 @@ def test_export_model_fn_params_like_tf(trained, expected, tmp_path):
   assert seen == [{'p': 1, 'use_tpu': False}]
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_tf_export_model_fn_params(trained, expected, tmp_path):
   """Pins the test above to TF 2.15's real TPUEstimator (either use_tpu)."""
   use_tpu, model_dir = trained
@@ -803,7 +801,7 @@ def test_variable_missing_from_checkpoint_error_text(trained, tmp_path):
   assert str(raised.value).startswith(MISSING_VARIABLE_PREFIX)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_tf_variable_missing_from_checkpoint_error_text(trained, tmp_path):
   """Pins the text of the test above to TF 2.15's real TPUEstimator."""
   use_tpu, model_dir = trained
@@ -832,7 +830,7 @@ def test_no_checkpoint_exports_the_warm_start_checkpoint(trained, expected,
   assert_close(serve_examples(export_dir), expected)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_tf_exports_the_warm_start_checkpoint(trained, expected, tmp_path):
   """Pins the behaviour of the test above to TF 2.15's real TPUEstimator."""
   use_tpu, model_dir = trained
@@ -855,7 +853,7 @@ def test_tf_exports_the_warm_start_checkpoint(trained, expected, tmp_path):
   assert_close(serve_examples(export_dir), expected)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_error_order_without_checkpoint_and_export_flags_like_tf(tmp_path):
   def run(estimator_cls, config_cls, receiver_fn, model_dir):
     estimator = estimator_cls(
@@ -918,7 +916,7 @@ def tf_model_fn(features, labels, mode, params):
   return spec_cls(mode, loss=loss, train_op=train_op)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_real_tpu_estimator_checkpoint_exports_like_tf(tmp_path):
   assert not tpu_fc.legacy_names.is_installed()
   assert (tf.estimator.export.build_parsing_serving_input_receiver_fn is not
@@ -998,7 +996,7 @@ def test_uninstall_restores_estimator_export():
   finally:
     tpu_fc.uninstall()
   assert tf.__dict__.get('estimator') is before
-  if LEGACY:
+  if lanes.LEGACY:
     from tensorflow_estimator.python.estimator.export import export as tfe_export  # pylint: disable=g-import-not-at-top
     assert (tf.estimator.export.build_parsing_serving_input_receiver_fn is
             tfe_export.build_parsing_serving_input_receiver_fn)
@@ -1140,7 +1138,7 @@ def test_receiver_validation_texts(label, name, make_args):
     assert result[0] == name, result
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('label,name,make_args', RECEIVER_CASES,
                          ids=[c[0] for c in RECEIVER_CASES])
 def test_receivers_match_tensorflow_estimator(label, name, make_args):
@@ -1214,7 +1212,7 @@ RAW_DENSE_CASES = [
 @pytest.mark.parametrize('batch', [None, 7])
 def test_raw_receiver_placeholder_shapes_like_tf(make, shape, batch):
   modules = [tpu_fc.export]
-  if LEGACY:
+  if lanes.LEGACY:
     from tensorflow_estimator.python.estimator.export import export as tfe_export  # pylint: disable=g-import-not-at-top
     modules.insert(0, tfe_export)  # TF first: pins the expected shape
   for module in modules:

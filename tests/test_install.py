@@ -1,15 +1,14 @@
 """install()/uninstall() and `python -m tpu_fc run`: legacy names bound to tpu_fc."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 import tpu_fc
 import tensorflow as tf
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import lanes
+from harness import scripts
 
 
 # Every `*Parameters` of TF 2.15's tensorflow.python.tpu.tpu_embedding.
@@ -61,7 +60,7 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
-  legacy = tf.__version__.startswith('2.15')
+  legacy = lanes.LEGACY
   for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
     for name in HOOK_NAMES:  # tensorflow_estimator re-exported TF core's
       assert getattr(estimator_namespace, name) is getattr(
@@ -116,13 +115,13 @@ def test_estimator_functions_leave_other_estimators_to_tf(installed, name):
     with pytest.raises((TypeError, AttributeError)) as error:
       function(object(), *arguments.get(name, ('loss', 1)))
     ours = 'here: tpu_fc.TPUEstimator' in str(error.value)
-    assert ours != tf.__version__.startswith('2.15'), error.value
+    assert ours != lanes.LEGACY, error.value
 
 
 def test_removed_legacy_module_is_stood_in_for(installed):
   """TF 2.16 removed tensorflow.python.tpu.tpu_embedding; scripts import from it."""
   from tensorflow.python.tpu import tpu_embedding  # pylint: disable=g-import-not-at-top
-  if tf.__version__.startswith('2.15'):
+  if lanes.LEGACY:
     assert tpu_embedding.__file__.endswith('tpu_embedding.py')  # TF's own, untouched
   else:
     for name in LEGACY_PARAMETERS:
@@ -146,20 +145,19 @@ def test_install_is_idempotent_and_uninstall_restores():
 
 
 def test_unknown_estimator_name_is_a_clear_attribute_error(installed):
-  if tf.__version__.startswith('2.15'):
+  if lanes.LEGACY:
     pytest.skip('on TF 2.15 unknown names fall back to tensorflow_estimator')
   with pytest.raises(AttributeError, match='tpu_fc provides: .*TPUEstimator'):
     tf.compat.v1.estimator.tpu.NoSuchThing  # pylint: disable=pointless-statement
 
 
+@pytest.mark.subprocess
 def test_run_executes_a_legacy_script_unchanged(tmp_path):
   out = tmp_path / 'out.json'
-  env = dict(os.environ, PYTHONPATH=REPO)
-  subprocess.run(
-      [sys.executable, '-m', 'tpu_fc', 'run',
-       os.path.join(REPO, 'tests', 'scripts', 'legacy_spec.py'), str(out),
-       '--dimension', '8'], check=True, env=env, cwd=str(tmp_path),
-      timeout=300)
+  scripts.run_python(
+      ['-m', 'tpu_fc', 'run', os.path.join(scripts.SCRIPTS, 'legacy_spec.py'),
+       str(out), '--dimension', '8'], check=True, env=scripts.env(),
+      cwd=str(tmp_path))
   result = json.loads(out.read_text())
   assert result['spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
   assert result['v2_spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
@@ -198,11 +196,11 @@ print('imports ok')
 """
 
 
+@pytest.mark.subprocess
 def test_imports_by_path_get_the_installed_names():
   """`from tensorflow.estimator.experimental import ...` (a path import loads
   TF's module and binds it over the installed namespace, or on TF >= 2.16
   finds no module at all)."""
-  finished = subprocess.run([sys.executable, '-c', IMPORT_SCRIPT],
-                            capture_output=True, text=True, timeout=300)
+  finished = scripts.run_python(['-c', IMPORT_SCRIPT])
   assert finished.returncode == 0, finished.stderr[-3000:]
   assert 'imports ok' in finished.stdout

@@ -1,4 +1,5 @@
-"""The package layout the README describes: no import cycle between tpu_fc's parts.
+"""The package layout docs/layout.md describes: no import cycle between
+tpu_fc's parts; the tests share only tests/harness/.
 
 A part is a top-level module (`tpu_fc/columns.py`) or subpackage
 (`tpu_fc/lookup/`); configs (columns, spec, optimizers) know no backend.  Inside
@@ -8,6 +9,8 @@ is math over variables its owners create and name.
 import ast
 import collections
 import os
+import re
+import textwrap
 
 import tpu_fc
 
@@ -128,3 +131,75 @@ def test_the_engine_creates_no_variables():
            if isinstance(node, (ast.Attribute, ast.Name))}
   assert not names & {'get_variable', 'Variable', 'VarHandleOp',
                       'create_slot_variables', 'naming'}
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _test_modules(folder=TESTS, prefix='test_'):
+  """{path: syntax tree} of every test module, tests/test_*.py (or another
+  `folder`'s `prefix`*.py)."""
+  modules = {}
+  for name in sorted(os.listdir(folder)):
+    if name.startswith(prefix) and name.endswith('.py'):
+      with open(os.path.join(folder, name)) as f:
+        modules[os.path.join(folder, name)] = ast.parse(f.read())
+  return modules
+
+
+def _imported_modules(tree):
+  """The top-level modules a syntax tree imports, in its statements or in
+  the source of a script it runs (a string with an import line)."""
+  imported = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      imported.update(alias.name.split('.')[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      imported.add(node.module.split('.')[0])
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+      imported.update(re.findall(r'^\s*(?:import|from)\s+(\w+)', node.value,
+                                 re.M))
+  return imported
+
+
+def test_imports_are_found_in_statements_and_in_script_sources():
+  """What `test_no_test_module_imports_another` reads, on the two ways a test
+  module imported another (a statement, and a script run in a process)."""
+  tree = ast.parse(textwrap.dedent('''
+      import numpy as np
+      from test_peer import BATCH
+      def f():
+        import test_other.sub as t
+      SCRIPT = """
+      import tpu_fc
+        from test_script import run
+      """
+      TEXT = 'not an import test_text'
+      '''))
+  assert _imported_modules(tree) == {'numpy', 'test_peer', 'test_other',
+                                     'tpu_fc', 'test_script'}
+
+
+def test_no_test_module_imports_another():
+  """What tests share is in tests/harness/; a test module imports none of
+  its peers, nor do the scripts tests run (tests/scripts/, and the scripts
+  test modules write: they import the harness)."""
+  peers = {os.path.basename(path)[:-3] for path in _test_modules()}
+  sources = dict(_test_modules(),
+                 **_test_modules(os.path.join(TESTS, 'scripts'), prefix=''))
+  for name, tree in sources.items():
+    imported = _imported_modules(tree)
+    assert not imported & peers, (name, sorted(imported & peers))
+
+
+def test_test_modules_run_processes_through_the_harness():
+  """`harness.scripts` runs them, checking the test's `subprocess` marker."""
+  spawning = {'run', 'Popen', 'call', 'check_call', 'check_output', 'system'}
+  for name, tree in _test_modules().items():
+    calls = [node.func for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and
+             isinstance(node.func, ast.Attribute) and
+             isinstance(node.func.value, ast.Name) and
+             node.func.value.id in ('subprocess', 'os')]
+    assert not [f'{call.value.id}.{call.attr}' for call in calls
+                if call.attr in spawning], name

@@ -10,54 +10,21 @@ TF 2.15's TPUEstimator on a TPU (tpu_estimator.py:2829-2840, 3323-3336) logged:
   global steps counted in runs of 5 (`_set_steps_per_run`): at the end of every
   run but the first (which only starts the clock), steps 10, 15, 20, 25, 30.
 """
-import os
 import re
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
-import tpu_fc
-from tpu_fc._tf import tf
+from harness import estimators
+from harness import inputs
+from harness import scripts
 
 pytestmark = pytest.mark.filterwarnings(
     'ignore:`tf.layers.dense` is deprecated')
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCH = 4
-X = np.linspace(-1, 1, 32, dtype=np.float32).reshape(16, 2)
-LABELS = (X[:, :1] > 0).astype(np.float32)
 
-
-def input_fn(params):
-  return tf.data.Dataset.from_tensor_slices((X, LABELS)).repeat().batch(
-      params['batch_size'], drop_remainder=True)
-
-
-def tensor_input_fn(params):
-  """One fixed batch as tensors: the emulated TPU runs one step per run."""
-  return (tf.constant(X[:params['batch_size']]),
-          tf.constant(LABELS[:params['batch_size']]))
-
-
-def model_fn(features, labels, mode, params):
-  del params
-  logits = tf.compat.v1.layers.dense(features, 1)
-  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
-  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
-      loss, tf.compat.v1.train.get_global_step())
-  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
-
-
-def train(model_dir, use_tpu, train_input_fn=input_fn):
+def train(model_dir, use_tpu, train_input_fn=inputs.linear):
   """Trains to step 30 with iterations_per_loop=5, log_step_count_steps=10."""
-  config = tpu_fc.RunConfig(
-      model_dir=str(model_dir), log_step_count_steps=10,
-      tpu_config=tpu_fc.TPUConfig(iterations_per_loop=5))
-  tpu_fc.TPUEstimator(model_fn, config=config, use_tpu=use_tpu,
-                      train_batch_size=BATCH).train(train_input_fn,
-                                                    max_steps=30)
+  estimators.logged(model_dir, use_tpu).train(train_input_fn, max_steps=30)
 
 
 def loss_steps(lines):
@@ -82,7 +49,7 @@ def test_tpu_without_loop_logs_loss_every_loop_of_steps(tmp_path, tf_log):
   Runs 1, 11 and 21, the step read after each; the rates, as TF counts them,
   every 2 steps past the first run (3, 5, ..., 29).
   """
-  train(tmp_path, use_tpu=True, train_input_fn=tensor_input_fn)
+  train(tmp_path, use_tpu=True, train_input_fn=inputs.linear_batch)
   assert loss_steps(tf_log) == [1, 11, 21]
   assert count('global_step/sec: ', tf_log) == 14
   assert count('examples/sec: ', tf_log) == 14
@@ -103,14 +70,17 @@ def test_cpu_logs_rates_only(tmp_path, tf_log):
 
 SCRIPT = '''
 import sys
-sys.path.insert(0, {tests!r})
-from test_logging import tf, train
+from harness import estimators
+from harness import inputs
+from tpu_fc._tf import tf
 tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
-train(sys.argv[1], use_tpu=True)  # logs the emulation warning first
+estimators.logged(sys.argv[1], use_tpu=True).train(  # logs the emulation
+    inputs.linear, max_steps=30)                      # warning first
 tf.compat.v1.logging.info('probe line')
 '''
 
 
+@pytest.mark.subprocess
 def test_each_line_printed_once(tmp_path):
   """In a fresh process: tpu_fc warns through TF's logger, not absl's.
 
@@ -118,11 +88,9 @@ def test_each_line_printed_once(tmp_path):
   which TF's logger passes its lines on: each was printed twice.
   """
   script = tmp_path / 'train.py'
-  script.write_text(SCRIPT.format(tests=os.path.join(REPO, 'tests')))
-  env = dict(os.environ)
-  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  proc = subprocess.run([sys.executable, str(script), str(tmp_path / 'model')],
-                        env=env, capture_output=True, text=True, timeout=120)
+  script.write_text(SCRIPT)
+  proc = scripts.run_python([str(script), str(tmp_path / 'model')],
+                            env=scripts.env(), timeout=120)
   assert proc.returncode == 0, proc.stderr[-4000:]
   lines = [line.split(':', 2)[2] for line in proc.stderr.splitlines()
            if line.startswith(('INFO:tensorflow:', 'WARNING:tensorflow:'))]

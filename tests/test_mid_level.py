@@ -7,11 +7,8 @@ import pytest
 import tpu_fc
 import tensorflow as tf
 
-from test_embedding_core import Feat
-from test_embedding_core import Ids
-from test_embedding_core import SEQUENCE_RAGGED
-from test_embedding_core import SEQUENCE_SPARSE
-from test_embedding_core import np_activation
+from harness import inputs
+from harness import oracle
 
 fc = tf.feature_column
 embedding = tf.tpu.experimental.embedding
@@ -162,20 +159,20 @@ def test_optimizers_without_mid_level_twin_refuse_clearly(parameters):
 # hand (test_embedding_core's numpy model).  Positive weights only: TF's CPU
 # lookup of several weighted ids prunes non-positive ones, a TPU does not
 # (LEGACY_SEMANTICS §9).
-SERVED_SPARSE = Ids('sparse', [(0, 0, 3), (0, 2, 0), (1, 0, 5), (1, 1, 1),
+SERVED_SPARSE = inputs.Ids('sparse', [(0, 0, 3), (0, 2, 0), (1, 0, 5), (1, 1, 1),
                                (1, 2, 5), (3, 1, 2), (3, 2, 3)],
                     weights=[0.5, 2.0, 1.0, 0.5, 1.5, 3.0, 0.25])
-SERVED_RAGGED = Ids('ragged', [[1, 1, 4], [], [0, 6], [6, 2]],
+SERVED_RAGGED = inputs.Ids('ragged', [[1, 1, 4], [], [0, 6], [6, 2]],
                     weights=[[0.5, 1.5, 2.0], [], [1.0, 2.0], [0.25, 4.0]])
 SERVED = [
-    Feat('sparse_mean', dataclasses.replace(SERVED_SPARSE, weights=None),
+    inputs.Feat('sparse_mean', dataclasses.replace(SERVED_SPARSE, weights=None),
          'mean', seed=1),
-    Feat('ragged_sum', dataclasses.replace(SERVED_RAGGED, weights=None), 'sum',
+    inputs.Feat('ragged_sum', dataclasses.replace(SERVED_RAGGED, weights=None), 'sum',
          seed=2),
-    Feat('sparse_weighted', SERVED_SPARSE, 'sqrtn', weighted=True, seed=3),
-    Feat('ragged_weighted', SERVED_RAGGED, 'mean', weighted=True, dim=2, seed=4),
-    Feat('seq_sparse', SEQUENCE_SPARSE, seq_len=2, seed=5),
-    Feat('seq_ragged', SEQUENCE_RAGGED, seq_len=2, dim=2, seed=6),
+    inputs.Feat('sparse_weighted', SERVED_SPARSE, 'sqrtn', weighted=True, seed=3),
+    inputs.Feat('ragged_weighted', SERVED_RAGGED, 'mean', weighted=True, dim=2, seed=4),
+    inputs.Feat('seq_sparse', inputs.SEQUENCE_SPARSE, seq_len=2, seed=5),
+    inputs.Feat('seq_ragged', inputs.SEQUENCE_RAGGED, seq_len=2, dim=2, seed=6),
 ]
 
 
@@ -195,7 +192,7 @@ def _served(columns, feats):
 def test_migrated_serving_lookup_gives_the_legacy_activations():
   _, activations = _served([feat.column() for feat in SERVED], SERVED)
   for feat in SERVED:
-    expected, _ = np_activation(feat, feat.init())
+    expected, _ = oracle.np_activation(feat, feat.init())
     np.testing.assert_allclose(activations[feat.name], expected, rtol=1e-5,
                                atol=1e-6, err_msg=feat.name)
 
@@ -205,14 +202,14 @@ def test_migrated_shared_columns_look_up_one_table():
       [fc.categorical_column_with_identity(name, 7)
        for name in ('left', 'right')], 3,
       initializer=tf.compat.v1.constant_initializer(SERVED[0].init()))
-  feats = [Feat('left', dataclasses.replace(SERVED_SPARSE, weights=None),
+  feats = [inputs.Feat('left', dataclasses.replace(SERVED_SPARSE, weights=None),
                 seed=1),
-           Feat('right', dataclasses.replace(SERVED_RAGGED, weights=None),
+           inputs.Feat('right', dataclasses.replace(SERVED_RAGGED, weights=None),
                 seed=1)]
   mid_level, activations = _served([first, second], feats)
   assert [t.name for t in mid_level.tables] == [
       'tbl_left_right_shared_embedding']
   for feat in feats:
     np.testing.assert_allclose(activations[feat.name],
-                               np_activation(feat, feat.init())[0], rtol=1e-5,
+                               oracle.np_activation(feat, feat.init())[0], rtol=1e-5,
                                atol=1e-6, err_msg=feat.name)

@@ -7,7 +7,7 @@ Judged by what we did not write: activations against TF's own CPU lookup
 dimension, as the TPU does, and looks a dense `[batch, n, 1]` input up into
 `[batch, n, 1, dim]`, the TPU's `[batch, n, dim]` with the size-1 axis kept)
 and against the combiners by hand; one training step's tables against the
-reference oracle (`helpers.ReferenceSteps`), each id's gradient derived here by
+reference oracle (`oracle.ReferenceSteps`), each id's gradient derived here by
 the chain rule; checkpoints restored into TF's own class; shapes and error
 texts as TF's code gives them.  The cases are those of TF's
 tpu_embedding_v2_hd_valid_input_test, _hd_invalid_input_test,
@@ -19,8 +19,9 @@ import functools
 import numpy as np
 import pytest
 
-import harness
-import helpers
+from harness import estimators
+from harness import models
+from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
@@ -36,8 +37,8 @@ WEIGHTS = [[[0.5, 2.0], [1.0]], [[], [0.25, 1.0, 2.0]], [[4.0], [0.5]],
 DENSE_IDS = [[1, 3], [4, 5], [0, 2], [5, 1]]  # one id per position, 0 kept
 BATCH, POSITIONS, WIDTH = 4, 2, 3
 # d(loss)/d(activation) of every example and position.
-COEF = (np.arange(BATCH * POSITIONS * harness.DIM, dtype=np.float32).reshape(
-    BATCH, POSITIONS, harness.DIM) - 7) / 4
+COEF = (np.arange(BATCH * POSITIONS * models.DIM, dtype=np.float32).reshape(
+    BATCH, POSITIONS, models.DIM) - 7) / 4
 
 
 def _sparse(values, dtype):
@@ -59,8 +60,8 @@ def _dense_ids():
 
 def _table(combiner='mean'):
   return embedding_api.TableConfig(
-      vocabulary_size=harness.VOCAB, dim=harness.DIM, combiner=combiner,
-      name='t', initializer=tf.constant_initializer(harness.START))
+      vocabulary_size=models.VOCAB, dim=models.DIM, combiner=combiner,
+      name='t', initializer=tf.constant_initializer(models.START))
 
 
 def _embedding(table=None, optimizer='adagrad', num_cores=1, **feature):
@@ -68,7 +69,7 @@ def _embedding(table=None, optimizer='adagrad', num_cores=1, **feature):
   config = {'f': embedding_api.FeatureConfig(table=table or _table(),
                                              name='f', **feature)}
   return config, tpu_fc.mid_level.TPUEmbedding(
-      config, harness.EMBEDDING_OPTIMIZERS[optimizer].to_mid_level(),
+      config, estimators.EMBEDDING_OPTIMIZERS[optimizer].to_mid_level(),
       num_cores=num_cores)
 
 
@@ -95,7 +96,7 @@ def _by_hand(combiner, weights):
       norm = {'sum': 1.0, 'mean': w.sum(),
               'sqrtn': np.sqrt((w * w).sum())}[combiner] if position else 1.0
       for i, weight in zip(position, w):
-        activations[b, n] += weight * harness.START[i] / norm
+        activations[b, n] += weight * models.START[i] / norm
         ids.append(i)
         examples.append(b)
         gradients.append(COEF[b, n] * weight / norm)
@@ -103,11 +104,11 @@ def _by_hand(combiner, weights):
 
 
 def _reference(optimizer, ids, examples, gradients, num_cores):
-  params = harness.EMBEDDING_OPTIMIZERS[optimizer]
-  want = helpers.ReferenceSteps(
-      params, harness.START, reference.init_slots(params, harness.START.shape),
-      gradient_roundings=helpers.ENGINE_GRADIENT_ROUNDINGS)
-  return want.step(ids, gradients, harness.LR,
+  params = estimators.EMBEDDING_OPTIMIZERS[optimizer]
+  want = oracle.ReferenceSteps(
+      params, models.START, reference.init_slots(params, models.START.shape),
+      gradient_roundings=oracle.ENGINE_GRADIENT_ROUNDINGS)
+  return want.step(ids, gradients, models.LR,
                    cores=examples // (BATCH // num_cores), num_cores=num_cores)
 
 
@@ -135,7 +136,7 @@ def test_rank_3_sparse_ids_are_combined_over_their_last_dimension(
   tf_lookup = embedding_api.serving_embedding_lookup(
       {'f': SPARSE_IDS()}, weights, embedding.embedding_tables, config)['f']
   got = _train_step(embedding, {'f': SPARSE_IDS()}, weights)
-  assert got.shape == (BATCH, POSITIONS, harness.DIM)
+  assert got.shape == (BATCH, POSITIONS, models.DIM)
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(got, tf_lookup, rtol=1e-6, atol=1e-7)
   _reference(optimizer, ids, examples, gradients, cores).assert_matches(
@@ -150,10 +151,10 @@ def test_dense_ids_are_one_per_example_and_position(combiner, cores):
       {'f': _dense_ids()}, None, embedding.embedding_tables, config)['f']
   got = _train_step(embedding, {'f': _dense_ids()})
   ids = np.array(DENSE_IDS)
-  np.testing.assert_array_equal(got, harness.START[ids])
+  np.testing.assert_array_equal(got, models.START[ids])
   np.testing.assert_array_equal(got, tf_lookup[:, :, 0])  # TF's [4, 2, 1, dim]
   _reference('adagrad', ids.reshape(-1), np.repeat(np.arange(BATCH), POSITIONS),
-             COEF.reshape(-1, harness.DIM), cores).assert_matches(
+             COEF.reshape(-1, models.DIM), cores).assert_matches(
                  *_table_and_slots(embedding))
 
 
@@ -167,7 +168,7 @@ def test_built_shapes_read_dense_sparse_and_ragged_inputs_on_two_cores():
   config = [embedding_api.FeatureConfig(table=table, name=name)
             for name in ('dense', 'sparse', 'ragged')]
   embedding = tpu_fc.mid_level.TPUEmbedding(
-      config, embedding_api.SGD(harness.LR), num_cores=2)
+      config, embedding_api.SGD(models.LR), num_cores=2)
   embedding.build([tf.TensorShape([2, POSITIONS, 1]),
                    tf.TensorShape([2, POSITIONS, None]),
                    tf.TensorShape([2, POSITIONS, None])])
@@ -176,7 +177,7 @@ def test_built_shapes_read_dense_sparse_and_ragged_inputs_on_two_cores():
   embedding.enqueue([_dense_ids(), SPARSE_IDS(), ragged])
   dense, sparse, sequence = embedding.dequeue()
   tables = embedding.embedding_tables
-  np.testing.assert_array_equal(dense, harness.START[np.array(DENSE_IDS)])
+  np.testing.assert_array_equal(dense, models.START[np.array(DENSE_IDS)])
   np.testing.assert_allclose(sparse, _by_hand('sum', None)[0], rtol=1e-6)
   whole_batch = embedding_api.FeatureConfig(table=table,
                                             output_shape=[BATCH, POSITIONS])
@@ -217,7 +218,7 @@ def test_a_checkpoint_of_high_dimensional_training_restores_into_tfs_classes(
   _train_step(embedding, {'f': SPARSE_IDS()}, {'f': SPARSE_WEIGHTS()})
   path = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'ckpt'))
   tf_config = {'f': embedding_api.FeatureConfig(table=_table(), name='f')}
-  optimizer = harness.EMBEDDING_OPTIMIZERS['adagrad'].to_mid_level()
+  optimizer = estimators.EMBEDDING_OPTIMIZERS['adagrad'].to_mid_level()
   tfs = embedding_api.TPUEmbedding(tf_config, optimizer)
   status = tf.train.Checkpoint(embedding=tfs).restore(path)
   tfs.build()

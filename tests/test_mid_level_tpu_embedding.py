@@ -8,14 +8,16 @@ TPUEstimator (the migration's promise), and TF's TPU rule for several cores
 derived by hand.
 """
 import functools
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-import harness
-import helpers
+from harness import estimators
+from harness import inputs
+from harness import mid_level
+from harness import models
+from harness import oracle
+from harness import scripts
 import tpu_fc
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
@@ -86,21 +88,21 @@ def test_sequence_lookup_equals_tfs_cpu_lookup(liked_kind):
 
 
 CASES = [(kind, name, cores) for kind in ('sparse', 'ragged')
-         for name in harness.MID_LEVEL_OPTIMIZERS for cores in (1, 2)]
+         for name in mid_level.MID_LEVEL_OPTIMIZERS for cores in (1, 2)]
 
 
 @pytest.mark.parametrize('kind, optimizer, cores', CASES,
                          ids=['{}-{}-{}cores'.format(*case) for case in CASES])
 def test_two_steps_match_the_reference(kind, optimizer, cores):
-  embedding = harness.mid_level_embedding(optimizer, cores)
-  table, slots = harness.mid_level_train(embedding, kind, 2, cores)
-  want = harness.expected_step('mid_level', optimizer, steps=2,
+  embedding = mid_level.tpu_embedding(optimizer, cores)
+  table, slots = mid_level.train(embedding, kind, 2, cores)
+  want = oracle.expected_step('mid_level', optimizer, steps=2,
                                num_shards=cores)
   want.assert_matches(table, {slot: slots[slot]
                               for _, slot in want.params.SLOTS})
 
 
-EQUIVALENCE = ([(name, cores, False) for name in harness.MID_LEVEL_OPTIMIZERS
+EQUIVALENCE = ([(name, cores, False) for name in mid_level.MID_LEVEL_OPTIMIZERS
                 for cores in (1, 2)] +
                [('adam', 2, True), ('adagrad', 1, True)])
 
@@ -116,17 +118,17 @@ def test_migrated_loop_equals_the_legacy_model(tmp_path, optimizer, cores,
   lookup misses the previous step's update, in both; the squared loss makes
   the gradients depend on what was looked up).  An AdagradMomentum table is
   declared in the legacy model's dict configs (the column spec refuses it)."""
-  legacy = harness.estimator(tmp_path, 'embedding_core', optimizer,
+  legacy = estimators.contract_estimator(tmp_path, 'embedding_core', optimizer,
                              num_shards=cores, pipelined=pipelined,
                              squared=pipelined)
-  legacy.train(harness.input_fn_of('sparse'), steps=4)
-  table, slots = harness.mid_level_train(
-      harness.mid_level_embedding(optimizer, cores, pipelined), 'sparse', 4,
+  legacy.train(inputs.contract_input_fn('sparse'), steps=4)
+  table, slots = mid_level.train(
+      mid_level.tpu_embedding(optimizer, cores, pipelined), 'sparse', 4,
       cores, squared=pipelined)
-  name = harness.table_variable('embedding_core', optimizer)
+  name = estimators.table_variable('embedding_core', optimizer)
   np.testing.assert_allclose(table, legacy.get_variable_value(name), atol=1e-6,
                              rtol=0)
-  for suffix, slot in harness.EMBEDDING_OPTIMIZERS[optimizer].SLOTS:
+  for suffix, slot in estimators.EMBEDDING_OPTIMIZERS[optimizer].SLOTS:
     np.testing.assert_allclose(
         slots[slot], legacy.get_variable_value(name + '/' + suffix),
         atol=1e-6, rtol=0, err_msg=slot)
@@ -231,32 +233,32 @@ def test_step_functions_carry_over_to_a_traced_loop(tmp_path, fresh_global_step)
   train what the emulated TPUEstimator trains.  Without the multiplier the
   tables differ (checked below), so the comparison sees it."""
   column = tpu_fc.embedding_column(
-      tf.feature_column.categorical_column_with_identity('ids', harness.VOCAB),
-      harness.DIM, combiner='mean',
-      initializer=tf.compat.v1.constant_initializer(harness.START),
+      tf.feature_column.categorical_column_with_identity('ids', models.VOCAB),
+      models.DIM, combiner='mean',
+      initializer=tf.compat.v1.constant_initializer(models.START),
       learning_rate_fn=lambda step: 0.4 / (1.0 + tf.cast(step, tf.float32)))
 
   def spec():
     return tpu_fc.EmbeddingConfigSpec(
         feature_columns=[column],
-        optimization_parameters=harness.EMBEDDING_OPTIMIZERS['adagrad'],
+        optimization_parameters=estimators.EMBEDDING_OPTIMIZERS['adagrad'],
         experimental_gradient_multiplier_fn=(
             lambda step: 0.5 + 0.25 * tf.cast(step, tf.float32)))
 
   legacy = tpu_fc.TPUEstimator(
-      model_fn=harness.model_fn_of(harness.MODEL_OPTIMIZERS['sgd'][0]),
-      train_batch_size=len(harness.IDS), params={'column': column},
+      model_fn=models.contract_model_fn(estimators.MODEL_OPTIMIZERS['sgd'][0]),
+      train_batch_size=len(inputs.IDS), params={'column': column},
       config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
           num_shards=2, iterations_per_loop=2)), embedding_config_spec=spec())
-  legacy.train(harness.input_fn_of('sparse'), steps=4)
-  want = legacy.get_variable_value(harness.TABLE)
+  legacy.train(inputs.contract_input_fn('sparse'), steps=4)
+  want = legacy.get_variable_value(models.TABLE)
 
   def migrated(scaled):
     config = spec().to_mid_level()
     embedding = tpu_fc.mid_level.TPUEmbedding(
         config.feature_config, config.optimizer, num_cores=2)
     global_step = tf.compat.v1.train.get_global_step()
-    step = tf.function(harness.mid_level_step(
+    step = tf.function(mid_level.step(
         embedding, 'sparse', 2,
         scale_gradients=config.scale_gradients if scaled else None))
     for _ in range(4):
@@ -273,9 +275,9 @@ def test_step_functions_carry_over_to_a_traced_loop(tmp_path, fresh_global_step)
 def test_eager_steps_and_tf_function_steps_match_the_reference(function):
   """(Their results may differ in the last bit: Grappler rewrites a traced
   step's arithmetic.)"""
-  table, slots = harness.mid_level_train(harness.mid_level_embedding('adam', 2),
+  table, slots = mid_level.train(mid_level.tpu_embedding('adam', 2),
                                          'ragged', 3, 2, function=function)
-  harness.expected_step('mid_level', 'adam', steps=3).assert_matches(
+  oracle.expected_step('mid_level', 'adam', steps=3).assert_matches(
       table, slots)
 
 
@@ -307,8 +309,8 @@ def test_every_checkpoint_of_a_traced_pipelined_loop_holds_its_last_update(
     tmp_path):
   """Each call of a traced step parks its update for the next lookup; each
   save applies it first (before: only the first save after tracing did)."""
-  embedding = harness.mid_level_embedding('sgd', 1, pipelined=True)
-  step = tf.function(harness.mid_level_step(embedding, 'sparse', 1))
+  embedding = mid_level.tpu_embedding('sgd', 1, pipelined=True)
+  step = tf.function(mid_level.step(embedding, 'sparse', 1))
 
   checkpoint = tf.train.Checkpoint(embedding=embedding)
   (table,) = embedding.embedding_tables.values()
@@ -319,7 +321,7 @@ def test_every_checkpoint_of_a_traced_pipelined_loop_holds_its_last_update(
     saved = tf.train.load_variable(path, 'embedding/ids/.ATTRIBUTES/VARIABLE_VALUE')
     np.testing.assert_array_equal(saved, table.numpy())
     # SGD on a linear loss: every step moves the table by the same amount.
-    want = harness.expected_step('mid_level', 'sgd', steps=2 * (save + 1),
+    want = oracle.expected_step('mid_level', 'sgd', steps=2 * (save + 1),
                                  num_shards=1)
     want.assert_matches(saved, {})
 
@@ -327,9 +329,9 @@ def test_every_checkpoint_of_a_traced_pipelined_loop_holds_its_last_update(
 def test_the_tape_reaches_no_table():
   """As on a TPU, the model's tape sees activations, not tables: a Keras
   optimizer over everything trainable cannot update a table twice."""
-  embedding = harness.mid_level_embedding('sgd', 1)
+  embedding = mid_level.tpu_embedding('sgd', 1)
   with tf.GradientTape() as tape:
-    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    embedding.enqueue({'ids': inputs.contract_ids('sparse')})
     loss = tf.reduce_sum(embedding.dequeue()['ids'])
   table = next(iter(embedding.embedding_tables.values()))
   assert tape.gradient(loss, table) is None
@@ -344,7 +346,7 @@ def _misuse_cases():
     embedding.dequeue()
 
   def wrong_structure(embedding):
-    embedding.enqueue([harness.ids_feature('sparse')])
+    embedding.enqueue([inputs.contract_ids('sparse')])
 
   def strings(embedding):
     embedding.enqueue({'ids': 'not a tensor'})
@@ -357,20 +359,20 @@ def _misuse_cases():
                       weights={'ids': tf.constant([1.0, 2.0])})
 
   def gradient_shape(embedding):
-    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    embedding.enqueue({'ids': inputs.contract_ids('sparse')})
     embedding.apply_gradients({'ids': tf.zeros([4, 3])})
 
   def gradient_type(embedding):
-    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    embedding.enqueue({'ids': inputs.contract_ids('sparse')})
     embedding.apply_gradients({'ids': np.zeros([4, 2], np.float32)})
 
   def inference_step(embedding):
-    embedding.enqueue({'ids': harness.ids_feature('sparse')}, training=False)
+    embedding.enqueue({'ids': inputs.contract_ids('sparse')}, training=False)
     embedding.apply_gradients({'ids': tf.zeros([4, 2])})
 
   def two_functions(embedding):
     tf.function(lambda: embedding.enqueue(
-        {'ids': harness.ids_feature('sparse')}))()
+        {'ids': inputs.contract_ids('sparse')}))()
     embedding.dequeue()
 
   def id_out_of_range(embedding):
@@ -383,7 +385,7 @@ def _misuse_cases():
     embedding.enqueue({'ids': tf.constant([1.7, 2.0])})
 
   def two_applies(embedding):
-    embedding.enqueue({'ids': harness.ids_feature('sparse')})
+    embedding.enqueue({'ids': inputs.contract_ids('sparse')})
     embedding.apply_gradients({'ids': tf.ones([4, 2])})
     embedding.apply_gradients({'ids': tf.ones([4, 2])})
 
@@ -424,7 +426,7 @@ def _misuse_cases():
                          ids=[case[0].__name__ for case in _misuse_cases()])
 def test_misuse_gets_tfs_error_or_a_clear_one(misuse, error, text):
   with pytest.raises(error, match=text):
-    misuse(harness.mid_level_embedding('adagrad', 1))
+    misuse(mid_level.tpu_embedding('adagrad', 1))
 
 
 def test_quantized_lookups_follow_tfs_formula_and_gradients_pass_unchanged():
@@ -495,17 +497,17 @@ def test_options_of_the_mid_level_optimizer_follow_the_tpu_rules():
         multiply_weight_decay_factor_by_learning_rate=True,
         slot_variable_creation_fn=slot_variable_creation_fn)
     table = embedding_api.TableConfig(
-        vocabulary_size=harness.VOCAB, dim=harness.DIM, name='ids',
-        initializer=tf.constant_initializer(harness.START))
+        vocabulary_size=models.VOCAB, dim=models.DIM, name='ids',
+        initializer=tf.constant_initializer(models.START))
     embedding = tpu_fc.mid_level.TPUEmbedding(
         {'ids': embedding_api.FeatureConfig(table=table)}, optimizer,
         num_cores=cores)
-    got, slots = harness.mid_level_train(embedding, 'sparse', 2, cores)
+    got, slots = mid_level.train(embedding, 'sparse', 2, cores)
     params = tpu_fc.optimizers.from_mid_level(optimizer)
-    want = helpers.ReferenceSteps(params, harness.START, {
-        'accumulators': np.full((harness.VOCAB, harness.DIM), 0.2,
+    want = oracle.ReferenceSteps(params, models.START, {
+        'accumulators': np.full((models.VOCAB, models.DIM), 0.2,
                                 np.float32)}, gradient_roundings=2)
-    ids, core_of, grads = harness.occurrences(cores)
+    ids, core_of, grads = oracle.occurrences(cores)
     for _ in range(2):
       want.step(ids, grads, 0.6, cores=core_of, num_cores=cores)
     want.assert_matches(got, slots, err_msg='{} cores'.format(cores))
@@ -515,9 +517,9 @@ def test_options_of_the_mid_level_optimizer_follow_the_tpu_rules():
 
 def test_under_one_device_strategy_steps_match_the_reference():
   with tf.distribute.OneDeviceStrategy('/cpu:0').scope():
-    embedding = harness.mid_level_embedding('adagrad', 2)
-    table, slots = harness.mid_level_train(embedding, 'ragged', 2, 2)
-  harness.expected_step('mid_level', 'adagrad', steps=2).assert_matches(
+    embedding = mid_level.tpu_embedding('adagrad', 2)
+    table, slots = mid_level.train(embedding, 'ragged', 2, 2)
+  oracle.expected_step('mid_level', 'adagrad', steps=2).assert_matches(
       table, slots)
 
 
@@ -676,15 +678,15 @@ def test_v0_looks_up_as_tf_and_gets_row_gradients_an_optimizer_applies(
   TPUStrategy; one SGD step moves only the looked-up rows (by hand: each id
   of example e gets COEF / |IDS[e]|), never the whole table."""
   table = embedding_api.TableConfig(
-      vocabulary_size=harness.VOCAB, dim=harness.DIM, name='ids',
-      combiner='mean', initializer=tf.constant_initializer(harness.START))
+      vocabulary_size=models.VOCAB, dim=models.DIM, name='ids',
+      combiner='mean', initializer=tf.constant_initializer(models.START))
   config = {'ids': embedding_api.FeatureConfig(table=table)}
   embedding = tpu_fc.mid_level.TPUEmbeddingV0(config, embedding_api.SGD(0.1))
-  features = {'ids': harness.ids_feature('ragged')}
+  features = {'ids': inputs.contract_ids('ragged')}
   variable = embedding.embedding_tables[table]
   with tf.GradientTape() as tape:
     activations = embedding(features)
-    loss = tf.reduce_sum(activations['ids'] * harness.COEF)
+    loss = tf.reduce_sum(activations['ids'] * models.COEF)
   np.testing.assert_allclose(
       activations['ids'], embedding_api.serving_embedding_lookup(
           features, None, embedding.embedding_tables, config)['ids'],
@@ -693,10 +695,10 @@ def test_v0_looks_up_as_tf_and_gets_row_gradients_an_optimizer_applies(
   assert isinstance(gradient, tf.IndexedSlices)
   tf.compat.v1.train.GradientDescentOptimizer(0.5).apply_gradients(
       [(gradient, variable)])
-  want = harness.START.copy()
-  for row_ids in harness.IDS:
+  want = models.START.copy()
+  for row_ids in inputs.IDS:
     for row in row_ids:
-      want[row] -= 0.5 * harness.COEF / len(row_ids)
+      want[row] -= 0.5 * models.COEF / len(row_ids)
   np.testing.assert_allclose(variable.numpy(), want, rtol=1e-6)
   saved = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'v0'))
   assert 'embedding/ids/.ATTRIBUTES/VARIABLE_VALUE' in {
@@ -729,18 +731,18 @@ print('TABLE', embedding.embedding_tables[table].numpy().tolist())
 """
 
 
+@pytest.mark.subprocess
 def test_a_migrated_script_trains_unchanged_under_tpu_fc_run(tmp_path):
   script = tmp_path / 'migrated.py'
   script.write_text('START = {}\nIDS = {}\n'.format(
-      harness.START.tolist(), harness.IDS) + MIGRATED_SCRIPT)
-  result = subprocess.run([sys.executable, '-m', 'tpu_fc', 'run', str(script)],
-                          capture_output=True, text=True, timeout=300,
-                          cwd=str(tmp_path))
+      models.START.tolist(), inputs.IDS) + MIGRATED_SCRIPT)
+  result = scripts.run_python(['-m', 'tpu_fc', 'run', str(script)],
+                              cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr[-3000:]
   lines = dict(line.split(' ', 1) for line in result.stdout.splitlines()
                if line.startswith(('TYPE', 'TABLE')))
   assert lines['TYPE'] == 'tpu_fc.mid_level'
-  harness.expected_step('mid_level', 'adagrad', steps=2,
+  oracle.expected_step('mid_level', 'adagrad', steps=2,
                         num_shards=1).assert_matches(
                             np.array(eval(lines['TABLE']), np.float32))  # pylint: disable=eval-used
 
@@ -766,13 +768,13 @@ except ValueError as error:
 """
 
 
+@pytest.mark.subprocess
 def test_several_replicas_in_sync_are_refused(tmp_path):
   """Each replica would update its own copy of the (mirrored) tables with its
   part of the batch: the copies drift apart silently (before)."""
   script = tmp_path / 'mirrored.py'
   script.write_text(MIRRORED_SCRIPT)
-  result = subprocess.run([sys.executable, str(script)], capture_output=True,
-                          text=True, timeout=300, cwd=str(tmp_path))
+  result = scripts.run_python([str(script)], cwd=str(tmp_path))
   assert result.returncode == 0, result.stderr[-3000:]
   assert result.stdout.startswith('REFUSED')
   assert ('tpu_fc.mid_level.TPUEmbedding trains on the host, as one replica, '
@@ -838,18 +840,18 @@ def test_every_op_of_a_training_step_has_a_gpu_kernel():
   """What can run on a GPU, read from this TF build's kernel registry (there
   is no GPU here): every op of a traced step, but the formatting of a failed
   input check's message, which soft placement puts on the host."""
-  embedding = harness.mid_level_embedding('adam_per_core', 2)
+  embedding = mid_level.tpu_embedding('adam_per_core', 2)
 
   def step(ids):
     embedding.enqueue({'ids': ids})
     with tf.GradientTape() as tape:
       activations = embedding.dequeue()
       tape.watch(activations)
-      loss = harness.loss_of(activations['ids'])
+      loss = models.contract_loss(activations['ids'])
     embedding.apply_gradients(tape.gradient(loss, activations))
 
   graph = tf.function(step).get_concrete_function(
-      harness.ids_feature('sparse')).graph
+      inputs.contract_ids('sparse')).graph
   op_types = {op.type for op in graph.get_operations()}
   for function in graph._functions.values():  # pylint: disable=protected-access
     op_types |= {node.op for node in function.definition.node_def}

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -21,11 +20,11 @@ import pytest
 
 from tpu_fc import __main__ as cli
 from tpu_fc import legacy_names
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GUIDE = os.path.join(REPO, 'migration_guide')
+from harness import scripts
+
+GUIDE = os.path.join(scripts.REPO, 'migration_guide')
 EXAMPLES = os.path.join(GUIDE, 'examples')
 sys.path.insert(0, EXAMPLES)
 
@@ -55,10 +54,7 @@ def assert_same_predictions(actual, expected):
 
 def run_example(*args):
   """Runs `python ARGS...` in the examples directory, as a user would."""
-  env = dict(os.environ)
-  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
-  process = subprocess.run([sys.executable] + list(args), cwd=EXAMPLES, env=env,
-                           capture_output=True, text=True, timeout=300)
+  process = scripts.run_python(args, cwd=EXAMPLES, env=scripts.env())
   assert process.returncode == 0, process.stderr[-3000:]
 
 
@@ -96,6 +92,7 @@ def _converted(trained, work_dir):
   return by_example, tf.train.latest_checkpoint(str(work_dir / 'mid_cli'))
 
 
+@pytest.mark.subprocess
 def test_step0_script_trains_and_predicts(trained):
   model_dir, predictions = trained
   assert tf.train.latest_checkpoint(model_dir).endswith(
@@ -104,8 +101,8 @@ def test_step0_script_trains_and_predicts(trained):
   assert np.all((predictions > 0) & (predictions < 1))
 
 
-@pytest.mark.skipif(TF_VERSION != (2, 15),
-                    reason='TF 2.15 with tensorflow_estimator only')
+@pytest.mark.subprocess
+@pytest.mark.legacy_only
 def test_step0_tf215_tpu_estimator_predicts_the_same(trained, work_dir):
   """TF's own TPUEstimator (use_tpu=False) runs the script under plain python."""
   model_dir, predictions = trained
@@ -141,6 +138,7 @@ def test_step1_is_step0_with_the_names_the_page_lists():
   assert renamed.replace('\n\n', '\n') == step1.replace('\n\n', '\n')
 
 
+@pytest.mark.subprocess
 def test_step1_predicts_the_same(trained):
   model_dir, predictions = trained
   assert_same_predictions(
@@ -148,6 +146,7 @@ def test_step1_predicts_the_same(trained):
       predictions)
 
 
+@pytest.mark.subprocess
 def test_step2_configs_match_the_trained_tables(trained):
   mid_level = step2_mid_level_config.main([])
   reader = tf.train.load_checkpoint(trained[0])
@@ -191,6 +190,7 @@ def assert_same_variables(actual_prefix, expected_prefix, rtol=0, atol=0):
       np.testing.assert_array_equal(actual[name], value, err_msg=name)
 
 
+@pytest.mark.subprocess
 def test_step3_example_and_cli_convert_alike(converted, capsys):
   by_example, by_cli = converted
   example_values = _checkpoint_values(by_example)
@@ -213,6 +213,7 @@ def test_step3_example_and_cli_convert_alike(converted, capsys):
       name: variable.shape.as_list() for name, variable in dense.items()}
 
 
+@pytest.mark.subprocess
 @pytest.mark.usefixtures('installed')
 def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
   _, predictions = trained
@@ -221,6 +222,7 @@ def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
                             predictions)
 
 
+@pytest.mark.subprocess
 @pytest.mark.usefixtures('installed')
 def test_step4_loop_trains_as_the_estimator_and_converts_back(
     trained, converted, work_dir):
@@ -261,6 +263,7 @@ def test_step4_loop_trains_as_the_estimator_and_converts_back(
                         tf.train.latest_checkpoint(tf2_dir))
 
 
+@pytest.mark.subprocess
 @pytest.mark.usefixtures('installed')
 def test_step5_both_saved_models_serve_the_same(trained, converted, work_dir):
   model_dir, predictions = trained

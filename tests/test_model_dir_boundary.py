@@ -10,8 +10,6 @@ import glob
 import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 
@@ -23,8 +21,9 @@ from tpu_fc import checkpoint_conversion
 from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 
+from harness import scripts
+
 BATCH = 4
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _input_fn(params):
@@ -270,17 +269,16 @@ def test_a_second_training_run_on_a_model_dir_fails_at_once(tmp_path):
   _estimator(model_dir).train(_input_fn, max_steps=3)  # released at the end
 
 
+@pytest.mark.subprocess
 def test_a_killed_training_run_leaves_no_lock(tmp_path):
   model_dir = tmp_path / 'model'
   model_dir.mkdir()
-  killed = subprocess.run(
-      [sys.executable, '-c', 'import os, signal\n'
+  killed = scripts.run_python(
+      ['-c', 'import os, signal\n'
        'from tpu_fc.estimator import checkpoints\n'
        'with checkpoints.training_lock({!r}):\n'
        '  os.kill(os.getpid(), signal.SIGKILL)\n'.format(str(model_dir))],
-      capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', '')))
+      env=scripts.env())
   assert killed.returncode == -signal.SIGKILL, killed.stderr
   assert (model_dir / '.tpu_fc_training.lock').read_text().startswith('pid ')
   _estimator(model_dir).train(_input_fn, max_steps=1)

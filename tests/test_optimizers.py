@@ -12,17 +12,12 @@ import re
 
 import pytest
 
-from helpers import outcome
+from harness import lanes
+from harness.oracle import outcome
 import tpu_fc  # before tensorflow
 from tpu_fc import optimizers
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 
-LEGACY = tf.__version__.startswith('2.15')
-legacy_only = pytest.mark.skipif(not LEGACY, reason='TF 2.15 reference only')
-if LEGACY:
-  from tensorflow.python.tpu import tpu_embedding as tf_legacy  # pylint: disable=g-import-not-at-top
-else:
-  tf_legacy = None
 
 E = tf.tpu.experimental.embedding
 
@@ -140,7 +135,7 @@ def _ours(name):
 
 
 def _theirs(name):
-  return getattr(tf_legacy, name)
+  return getattr(lanes.tf_tpu_embedding, name)
 
 
 def _public(obj):
@@ -172,13 +167,13 @@ def _signature(cls):
           for p in inspect.signature(cls).parameters.values()]
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name', NAMES)
 def test_signature_matches_tf_2_15(name):
   assert _signature(_ours(name)) == _signature(_theirs(name))
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name', EXPORTED)
 def test_tf_2_15_exports_are_the_reference_classes(name):
   assert getattr(tf.compat.v1.tpu.experimental, name) is _theirs(name)
@@ -362,7 +357,7 @@ MISSING = [
      for n, kw, e, t in MISSING])
 def test_validation(name, kwargs, error, text):
   assert outcome(_ours(name), **kwargs) == (error, text)
-  if LEGACY:
+  if lanes.LEGACY:
     assert outcome(_theirs(name), **kwargs) == (error, text)
 
 
@@ -388,7 +383,7 @@ def test_valid_edge_cases_construct(name, kwargs):
   obj = _ours(name)(**kwargs)
   for key, value in kwargs.items():
     assert getattr(obj, key) == value
-  if LEGACY:
+  if lanes.LEGACY:
     assert _public(obj) == _public(_theirs(name)(**kwargs))
 
 
@@ -402,7 +397,7 @@ def test_default_attributes(name):
   expected = dict(FIXED.get(name, COMMON_DEFAULTS), **REQUIRED[name],
                   **OWN_DEFAULTS[name])
   assert _public(obj) == expected
-  if LEGACY:
+  if lanes.LEGACY:
     assert _public(obj) == _public(_theirs(name)(**REQUIRED[name]))
 
 
@@ -414,7 +409,7 @@ def test_non_default_attributes(name):
   if name == 'FtrlParameters':
     expected['initial_linear_value'] = 0.0
   assert _public(obj) == expected
-  if LEGACY:
+  if lanes.LEGACY:
     assert _public(obj) == _public(_theirs(name)(**kwargs))
     # Positional arguments bind the same way.
     args = list(inspect.signature(_theirs(name)).parameters)
@@ -687,7 +682,7 @@ def test_from_mid_level_fields():
   assert optimizers.from_mid_level(E.Adagrad(learning_rate=rate)).learning_rate is rate
 
 
-@pytest.mark.skipif(LEGACY, reason="TF 2.15's mid-level optimizers all have "
+@pytest.mark.skipif(lanes.LEGACY, reason="TF 2.15's mid-level optimizers all have "
                     'a legacy twin')
 def test_from_mid_level_unsupported():
   custom = E.CustomOptimizer(tf.function(lambda *unused: None))
@@ -695,7 +690,7 @@ def test_from_mid_level_unsupported():
     optimizers.from_mid_level(custom)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('defaults', [True, False], ids=['defaults', 'all'])
 @pytest.mark.parametrize('name', NAMES)
 def test_as_tpu_fc_parameters_converts_tf_2_15_objects(name, defaults):
@@ -777,18 +772,18 @@ def test_slots_match_mid_level(name):
   assert list(params.slot_initial_values().values()) == pytest.approx(initial)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name', NAMES)
 def test_slot_suffixes_match_tf_2_15_engine(name):
   """The names TF 2.15's engine gives a dict-configured table's slots."""
-  handler = tf_legacy._get_optimization_handler(  # pylint: disable=protected-access
+  handler = lanes.tf_tpu_embedding._get_optimization_handler(  # pylint: disable=protected-access
       _theirs(name)(**REQUIRED[name]))
   names = handler.get_default_slot_variable_names('tbl')
   expected = tuple(names) if names is not None else ()
   assert tuple('tbl/' + s for s, _ in _ours(name).SLOTS) == expected
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name', NAMES[:7])  # the column spec refuses the rest
 def test_slot_suffixes_match_tf_2_15_estimator(name):
   from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding  # pylint: disable=g-import-not-at-top

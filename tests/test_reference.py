@@ -8,7 +8,7 @@ kernel), from a float64 derivation written here; `test_rules_by_hand` has two
 steps of each of these three written out in numbers.
 Gradient clipping, decoupled weight decay and weight clipping are applied
 around the kernels by `expected_update`, following the module docstring.
-Results are compared within the float32 error bound of `helpers` (TF's
+Results are compared within the float32 error bound of `harness.oracle` (TF's
 kernels round differently from numpy, and differently again per CPU);
 `test_wrong_rules_fail_the_comparison` shows that bound rejects wrong rules.
 """
@@ -17,11 +17,10 @@ import types
 import numpy as np
 import pytest
 
-import helpers
+from harness import oracle
 from tpu_fc import reference
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 
-LEGACY_TF = tf.__version__.startswith('2.15')
 LR = 0.1
 PARAMS_LR = 123.0  # stored on every params object; the reference must ignore it
 VOCAB, DIM = 6, 3
@@ -156,8 +155,7 @@ def make_tf(name, **kwargs):
 
 @pytest.fixture(params=[
     'stub',
-    pytest.param('tf', marks=pytest.mark.skipif(
-        not LEGACY_TF, reason='legacy *Parameters classes need TF 2.15')),
+    pytest.param('tf', marks=pytest.mark.legacy_only),
 ])
 def make(request):
   return make_stub if request.param == 'stub' else make_tf
@@ -361,7 +359,7 @@ def expected_update(params, table, slots, ids, grads, lr):
 
 def assert_update(params, table, slots, ids, grads, lr=LR):
   """Checks the reference against `expected_update`; returns its result."""
-  got = helpers.ReferenceSteps(params, table, slots).step(ids, grads, lr)
+  got = oracle.ReferenceSteps(params, table, slots).step(ids, grads, lr)
   assert got.table.dtype == np.float32
   assert list(got.slots) == list(reference.slot_initial_values(params))
   assert all(value.dtype == np.float32 for value in got.slots.values())
@@ -376,11 +374,11 @@ def test_matches_tf_kernels(case, make):
 
 
 def test_wrong_rules_fail_the_comparison(case, monkeypatch):
-  """The float32 bound is tight: each plausible bug (helpers.WRONG_RULES)
+  """The float32 bound is tight: each plausible bug (oracle.WRONG_RULES)
   planted in the reference fails the comparison with TF's kernels."""
   params = make_stub(case[0], **case[1])
   table, slots, grads = random_state(params)
-  assert not helpers.surviving_wrong_rules(
+  assert not oracle.surviving_wrong_rules(
       monkeypatch, params,
       lambda: assert_update(params, table, slots, IDS, grads))
 
@@ -539,7 +537,7 @@ def test_slot_initial_values(case, make):
     np.testing.assert_array_equal(value, np.float32(want[slot_name]))
 
 
-@pytest.mark.skipif(not LEGACY_TF, reason='legacy handlers need TF 2.15')
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name,kwargs', [
     ('StochasticGradientDescentParameters', {}),
     ('AdagradParameters', dict(initial_accumulator=0.7)),

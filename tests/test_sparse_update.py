@@ -2,20 +2,19 @@
 
 Every optimizer configuration times every optional stage runs 1 and 3 steps in
 a `tf.compat.v1` graph and session; table and slots must match the numpy
-reference applied as many times, within the float32 error bound of `helpers`
+reference applied as many times, within the float32 error bound of `harness.oracle`
 (`test_wrong_rules_fail_the_comparison`: it still rejects wrong rules).
 Expected values never come from the code under test.
 """
 import numpy as np
 import pytest
 
-import helpers
+from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc.lookup import sparse_update
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
 
-LEGACY_TF = tf.__version__.startswith('2.15')
 VOCAB, DIM = 7, 3
 PARAMS_LR = 123.0  # stored on every parameters object; the update must ignore it
 # (unique ids, learning rate) of each step; rows 3 and 5 are never looked up.
@@ -219,7 +218,7 @@ def run_steps(params, table, slots, grads):
 
 def assert_steps_match_reference(params, table, slots, grads, states):
   """States after steps 1 and 3 against the reference's steps."""
-  want = helpers.ReferenceSteps(params, table, slots)
+  want = oracle.ReferenceSteps(params, table, slots)
   for step, ((ids, lr), g, got) in enumerate(zip(STEPS, grads, states),
                                              start=1):
     want.step(ids, g, lr)
@@ -246,12 +245,12 @@ def test_one_and_three_steps_match_reference(case, stage):
 
 @pytest.mark.parametrize('case, stage', case_stages(['plain', 'all']))
 def test_wrong_rules_fail_the_comparison(case, stage, monkeypatch):
-  """The float32 bound is tight: each plausible bug (helpers.WRONG_RULES)
+  """The float32 bound is tight: each plausible bug (oracle.WRONG_RULES)
   planted in the reference fails the comparison above."""
   params = make(case, stage)
   table, slots, grads = random_state(params)
   states = run_steps(params, table, slots, grads)
-  assert not helpers.surviving_wrong_rules(
+  assert not oracle.surviving_wrong_rules(
       monkeypatch, params, lambda: assert_steps_match_reference(
           params, table, slots, grads, states))
 
@@ -265,7 +264,7 @@ def test_constant_learning_rate(case):
   with Harness(params, learning_rate=lr) as harness:
     harness.load(table, slots)
     harness.step(ids, g)
-    helpers.ReferenceSteps(params, table, slots).step(
+    oracle.ReferenceSteps(params, table, slots).step(
         ids, g, lr).assert_matches(*harness.state())
 
 
@@ -289,7 +288,7 @@ def test_zero_learning_rate(case, constant):
     harness.step(ids, g, None if constant else 0.0)
     got = harness.state()
   assert np.all(np.isfinite(got[0]))
-  helpers.ReferenceSteps(params, table, slots).step(
+  oracle.ReferenceSteps(params, table, slots).step(
       ids, g, 0.0).assert_matches(*got)
 
 
@@ -300,7 +299,7 @@ def test_steps_from_initial_slots_with_int32_ids(case):
   slots = reference.init_slots(params, table.shape)
   with Harness(params) as harness:
     harness.load(table, {})
-    want = helpers.ReferenceSteps(params, table, slots)
+    want = oracle.ReferenceSteps(params, table, slots)
     want.assert_matches(*harness.state())  # before any step: exactly
     for (ids, lr), g in zip(STEPS, grads):
       harness.session.run(harness.update, {
@@ -401,7 +400,7 @@ def test_eager_and_tf_function(case):
   def step(ids, g, lr):
     sparse_update.apply_sparse_update(params, table_var, slot_vars, ids, g, lr)
 
-  want = helpers.ReferenceSteps(params, table, slots)
+  want = oracle.ReferenceSteps(params, table, slots)
   for i, ((ids, lr), g) in enumerate(zip(STEPS, grads)):
     if i % 2:
       step(tf.constant(ids), tf.constant(g), tf.constant(lr))
@@ -413,7 +412,7 @@ def test_eager_and_tf_function(case):
                       {name: var.numpy() for name, var in slot_vars.items()})
 
 
-@pytest.mark.skipif(not LEGACY_TF, reason='legacy *Parameters need TF 2.15')
+@pytest.mark.legacy_only
 def test_tf_215_parameter_classes():
   """TF's own legacy classes are recognised by name, like the reference."""
   params = tf.compat.v1.tpu.experimental.FtrlParameters(
@@ -425,7 +424,7 @@ def test_tf_215_parameter_classes():
     harness.load(table, slots)
     (ids, lr), g = STEPS[0], grads[0]
     harness.step(ids, g, lr)
-    helpers.ReferenceSteps(params, table, slots).step(
+    oracle.ReferenceSteps(params, table, slots).step(
         ids, g, lr).assert_matches(*harness.state())
 
 

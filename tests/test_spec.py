@@ -10,18 +10,12 @@ LEGACY_SEMANTICS §3 (and TF 2.15's source for the class tuples they embed).
 import numpy as np
 import pytest
 
-from helpers import outcome
+from harness import lanes
+from harness.oracle import outcome
 import tpu_fc  # before tensorflow
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_fc  # pylint: disable=g-bad-import-order
 
-LEGACY = tf.__version__.startswith('2.15')
-legacy_only = pytest.mark.skipif(not LEGACY, reason='TF 2.15 reference only')
-if LEGACY:
-  from tensorflow.python.tpu import tpu_embedding as tf_legacy  # pylint: disable=g-import-not-at-top
-  from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding as tf_est_embedding  # pylint: disable=g-import-not-at-top
-else:
-  tf_legacy = tf_est_embedding = None
 
 fc = tf.feature_column
 E = tf.tpu.experimental.embedding
@@ -81,12 +75,12 @@ class _Side:
       self.FeatureConfig = tpu_fc.FeatureConfig  # pylint: disable=invalid-name
       self.TableConfig = tpu_fc.TableConfig  # pylint: disable=invalid-name
     else:
-      self.spec = tf_est_embedding.EmbeddingConfigSpec
+      self.spec = lanes.tf_estimator_embedding.EmbeddingConfigSpec
       self.embedding_column = tf_tpu_fc.embedding_column_v2
       self.shared = tf_tpu_fc.shared_embedding_columns_v2
-      self.params = tf_legacy
-      self.FeatureConfig = tf_legacy.FeatureConfig  # pylint: disable=invalid-name
-      self.TableConfig = tf_legacy.TableConfig  # pylint: disable=invalid-name
+      self.params = lanes.tf_tpu_embedding
+      self.FeatureConfig = lanes.tf_tpu_embedding.FeatureConfig  # pylint: disable=invalid-name
+      self.TableConfig = lanes.tf_tpu_embedding.TableConfig  # pylint: disable=invalid-name
 
   def adagrad(self):
     return self.params.AdagradParameters(0.1)
@@ -100,7 +94,7 @@ class _Side:
 
 
 OURS = _Side(True)
-THEIRS = _Side(False) if LEGACY else None
+THEIRS = _Side(False) if lanes.LEGACY else None
 
 
 # --------------------------------------------------------------------------------
@@ -109,7 +103,7 @@ THEIRS = _Side(False) if LEGACY else None
 
 def _bad_optimizer_15(s):
   # TF 2.15's AdagradMomentumParameters on both sides: the error names its class.
-  return tf_legacy.AdagradMomentumParameters(0.1, 0.9)
+  return lanes.tf_tpu_embedding.AdagradMomentumParameters(0.1, 0.9)
 
 
 # The optimizers TF 2.15's spec refuses with feature columns (its engine takes
@@ -206,7 +200,7 @@ CASES = [
         '{}.'.format(SUPPORTED_OPTIMIZERS,
                      "<class 'tensorflow.python.tpu.tpu_embedding."
                      "AdagradMomentumParameters'>"),
-        marks=legacy_only, id='optimizer_adagrad_momentum'),
+        marks=pytest.mark.legacy_only, id='optimizer_adagrad_momentum'),
 ] + [
     ('optimizer_{}_with_columns'.format(name), lambda s, name=name: dict(
         feature_columns=s.columns(),
@@ -289,7 +283,7 @@ def _case_params(cases):
 def test_spec_validation(build, error, text):
   ours = outcome(OURS.spec, **build(OURS))
   assert ours == (error, text)
-  if LEGACY:
+  if lanes.LEGACY:
     assert _normalize(outcome(THEIRS.spec, **build(THEIRS))) == _normalize(ours)
 
 
@@ -298,7 +292,7 @@ def test_spec_accepts(build):
   kwargs = build(OURS)
   spec = OURS.spec(**kwargs)
   assert spec.partition_strategy == kwargs.get('partition_strategy', 'div')
-  if LEGACY:
+  if lanes.LEGACY:
     their_kwargs = build(THEIRS)
     theirs = THEIRS.spec(**their_kwargs)
     assert _field_summary(spec) == _field_summary(theirs)
@@ -328,7 +322,7 @@ def _field_summary(spec):
 # Fields and the tensor-core split.
 # --------------------------------------------------------------------------------
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_namedtuple_fields_match_tf():
   assert tpu_fc.EmbeddingConfigSpec._fields == THEIRS.spec._fields  # pylint: disable=protected-access
 
@@ -350,7 +344,7 @@ def _split_columns(s):
                tensor_core_shape=[8, 3]) + s.shared([ident('g'), ident('h')], 3)
 
 
-@pytest.mark.parametrize('side', ['ours'] + (['tf'] if LEGACY else []))
+@pytest.mark.parametrize('side', ['ours', pytest.param('tf', marks=pytest.mark.legacy_only)])
 def test_spec_fields_and_tensor_core_split(side):
   s = OURS if side == 'ours' else THEIRS
   columns = _split_columns(s)
@@ -374,7 +368,7 @@ def test_spec_fields_and_tensor_core_split(side):
   assert spec.optimization_parameters.learning_rate == 0.1
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_spec_fields_match_tf():
   kwargs = dict(clipping_limit=1.5, pipeline_execution_with_tensor_core=True,
                 experimental_gradient_multiplier_fn=_multiplier,
@@ -415,7 +409,7 @@ def test_tf_own_columns_split_in_tpu_fc_spec():
   assert spec.tensor_core_feature_columns == [tc, ours_tc]
 
 
-@legacy_only
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('name', [
     'StochasticGradientDescentParameters', 'AdagradParameters', 'AdamParameters',
     'FtrlParameters', 'ProximalAdagradParameters', 'MomentumParameters',
@@ -426,7 +420,7 @@ def test_tf_2_15_parameters_accepted(name):
     required.update(momentum=0.9)
   if name == 'RMSPropParameters':
     required.update(rho=0.9, momentum=0.1, epsilon=1e-4)
-  theirs = getattr(tf_legacy, name)(weight_decay_factor=0.5, **required)
+  theirs = getattr(lanes.tf_tpu_embedding, name)(weight_decay_factor=0.5, **required)
   spec = tpu_fc.EmbeddingConfigSpec(feature_columns=OURS.columns(),
                                     optimization_parameters=theirs)
   converted = spec.optimization_parameters
@@ -438,15 +432,15 @@ def test_tf_2_15_parameters_accepted(name):
   THEIRS.spec(feature_columns=THEIRS.columns(), optimization_parameters=theirs)
 
 
-@legacy_only
+@pytest.mark.legacy_only
 def test_tf_2_15_configs_accepted():
   init = tf.compat.v1.zeros_initializer()
-  features = {'f': tf_legacy.FeatureConfig('t1', max_sequence_length=3),
-              'g': tf_legacy.FeatureConfig('t0', weight_key='g_weight')}
-  tables = {'t1': tf_legacy.TableConfig(
+  features = {'f': lanes.tf_tpu_embedding.FeatureConfig('t1', max_sequence_length=3),
+              'g': lanes.tf_tpu_embedding.FeatureConfig('t0', weight_key='g_weight')}
+  tables = {'t1': lanes.tf_tpu_embedding.TableConfig(
                 8, 4, initializer=init, combiner='sum',
-                optimization_parameters=tf_legacy.AdamParameters(0.2)),
-            't0': tf_legacy.TableConfig(5, 2, learning_rate=0.7)}
+                optimization_parameters=lanes.tf_tpu_embedding.AdamParameters(0.2)),
+            't0': lanes.tf_tpu_embedding.TableConfig(5, 2, learning_rate=0.7)}
   THEIRS.spec(feature_to_config_dict=features, table_to_config_dict=tables)
   spec = tpu_fc.EmbeddingConfigSpec(  # (t0 takes the spec's optimizer)
       feature_to_config_dict=features, table_to_config_dict=tables,
@@ -560,8 +554,8 @@ CONFIG_CASES = [
 def test_config_validation(cls, build, error, text):
   args, kwargs = build(None)
   assert outcome(getattr(tpu_fc, cls), *args, **kwargs) == (error, text)
-  if LEGACY:
-    assert outcome(getattr(tf_legacy, cls), *args, **kwargs) == (error, text)
+  if lanes.LEGACY:
+    assert outcome(getattr(lanes.tf_tpu_embedding, cls), *args, **kwargs) == (error, text)
 
 
 @pytest.mark.parametrize('kwargs', [
@@ -583,8 +577,8 @@ def test_table_config_fields(kwargs):
   else:  # truncated normal, mean 0, stddev 1/sqrt(dimension)
     assert initializer.get_config()['mean'] == 0.0
     assert initializer.get_config()['stddev'] == pytest.approx(1 / np.sqrt(3))
-  if LEGACY:
-    theirs = tf_legacy.TableConfig(7, 3, **kwargs)
+  if lanes.LEGACY:
+    theirs = lanes.tf_tpu_embedding.TableConfig(7, 3, **kwargs)
     assert ours._fields == theirs._fields
     theirs_fields = theirs._asdict()
     their_init = theirs_fields.pop('initializer')
@@ -597,13 +591,13 @@ def test_feature_config_fields():
   assert tuple(tpu_fc.FeatureConfig('t')) == ('t', 0, None)
   assert tpu_fc.FeatureConfig('t', 2, 'w')._asdict() == dict(
       table_id='t', max_sequence_length=2, weight_key='w')
-  if LEGACY:
-    assert tpu_fc.FeatureConfig._fields == tf_legacy.FeatureConfig._fields
+  if lanes.LEGACY:
+    assert tpu_fc.FeatureConfig._fields == lanes.tf_tpu_embedding.FeatureConfig._fields
     assert tuple(tpu_fc.FeatureConfig('t', 2, 'w')) == tuple(
-        tf_legacy.FeatureConfig('t', 2, 'w'))
+        lanes.tf_tpu_embedding.FeatureConfig('t', 2, 'w'))
 
 
-@pytest.mark.parametrize('side', ['ours', pytest.param('theirs', marks=legacy_only)])
+@pytest.mark.parametrize('side', ['ours', pytest.param('theirs', marks=pytest.mark.legacy_only)])
 @pytest.mark.parametrize('name', sorted(COLUMN_REFUSED))
 @pytest.mark.parametrize('where', ['table', 'spec'])
 def test_dict_configs_take_what_the_column_spec_refuses(name, where, side):
@@ -611,7 +605,7 @@ def test_dict_configs_take_what_the_column_spec_refuses(name, where, side):
   table (`TableConfig.optimization_parameters`) or for the spec; TF 2.15's own
   objects become tpu_fc's."""
   params = _column_refused(name)(OURS if side == 'ours' else THEIRS)
-  table = (tpu_fc.TableConfig if side == 'ours' else tf_legacy.TableConfig)(
+  table = (tpu_fc.TableConfig if side == 'ours' else lanes.tf_tpu_embedding.TableConfig)(
       8, 1, optimization_parameters=params if where == 'table' else None)
   spec = tpu_fc.EmbeddingConfigSpec(
       feature_to_config_dict={'f': tpu_fc.FeatureConfig('t')},
@@ -646,9 +640,9 @@ def test_frequency_estimator_tables_have_dimension_1(where):
 def test_table_config_parameters():
   ours = tpu_fc.TableConfig(5, 2, optimization_parameters=tpu_fc.AdamParameters(0.1))
   assert ours.optimization_parameters == tpu_fc.AdamParameters(0.1)
-  if LEGACY:
+  if lanes.LEGACY:
     converted = tpu_fc.TableConfig(
-        5, 2, optimization_parameters=tf_legacy.FtrlParameters(0.3, beta=0.5))
+        5, 2, optimization_parameters=lanes.tf_tpu_embedding.FtrlParameters(0.3, beta=0.5))
     assert type(converted.optimization_parameters) is tpu_fc.FtrlParameters
     assert converted.optimization_parameters == tpu_fc.FtrlParameters(0.3, beta=0.5)
 
@@ -698,8 +692,8 @@ def test_embedding_layout_from_columns(reverse):
   assert layout.table('tbl_d_weighted_by_d_weight').learning_rate_fn is _rate_fn
   assert [f.name for f in layout.features_of(
       'tbl_b_c_weighted_by_c_weight_shared_embedding')] == ['b', 'c']
-  if LEGACY:
-    tables, features = tf_est_embedding.get_configs_from_feature_columns(
+  if lanes.LEGACY:
+    tables, features = lanes.tf_estimator_embedding.get_configs_from_feature_columns(
         _layout_columns(THEIRS, reverse))
     assert [(t.name, t.vocabulary_size, t.dimension, t.combiner,
              t.learning_rate_fn) for t in layout.tables] == [
@@ -760,8 +754,8 @@ def test_feature_used_with_multiple_embeddings(build, feature):
   expected = (ValueError, 'Feature column {} is used with multiple embeddings and '
               'this is not supported.'.format(feature))
   assert outcome(spec.embedding_layout) == expected
-  if LEGACY:
-    assert outcome(tf_est_embedding.get_configs_from_feature_columns,
+  if lanes.LEGACY:
+    assert outcome(lanes.tf_estimator_embedding.get_configs_from_feature_columns,
                     build(THEIRS)) == expected
 
 
@@ -776,6 +770,6 @@ def test_layout_rejects_non_tpu_columns_like_tf(other):
   expected = (TypeError, 'Unsupported feature column {}. Supported types are '
               '{}.'.format(type(column), TPU_COLUMN_TYPES))
   assert outcome(spec.embedding_layout) == expected
-  if LEGACY:
-    assert outcome(tf_est_embedding.get_configs_from_feature_columns,
+  if lanes.LEGACY:
+    assert outcome(lanes.tf_estimator_embedding.get_configs_from_feature_columns,
                     THEIRS.columns() + [column]) == expected

@@ -6,6 +6,8 @@ import tpu_fc
 from tpu_fc._tf import tf
 from tpu_fc.estimator.tpu import tpu_context
 
+from harness import models
+
 pytestmark = pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
 
 N, BATCH = 16, 8
@@ -29,11 +31,7 @@ def make_model_fn(seen_batch_sizes, reduction):
         hidden, 1, kernel_initializer=tf.compat.v1.ones_initializer())
     loss = tf.compat.v1.losses.sigmoid_cross_entropy(
         labels, logits, reduction=reduction)
-    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
-    if params['use_tpu']:
-      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
-    train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+    return models.tpu_spec(mode, loss, rate=0.5, cross_shard=params['use_tpu'])
   return model_fn
 
 
@@ -169,15 +167,6 @@ def _replicated(tmp_path, model_fn, steps=1):
   return estimator
 
 
-def _spec(mode, loss, train_op=None, update_ops=(), **kwargs):
-  if mode == tpu_fc.ModeKeys.TRAIN:
-    with tf.control_dependencies(update_ops):  # (TF1's batch norm pattern)
-      train_op = tf.compat.v1.tpu.CrossShardOptimizer(
-          tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(
-              loss, tf.compat.v1.train.get_global_step())
-  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op, **kwargs)
-
-
 def test_every_shard_has_its_layers_regularization_loss(tmp_path):
   """l2(1.0) on a kernel of ones: each core's gradient is 2, their mean 2, so
   one SGD(0.1) step leaves 0.8 (not 0.9: the penalty of one shard only)."""
@@ -187,7 +176,8 @@ def test_every_shard_has_its_layers_regularization_loss(tmp_path):
         features['x'], 1, use_bias=False,
         kernel_initializer=tf.compat.v1.ones_initializer(),
         kernel_regularizer=tf.keras.regularizers.l2(1.0))
-    return _spec(mode, tf.compat.v1.losses.get_regularization_loss())
+    return models.tpu_spec(mode,
+                           tf.compat.v1.losses.get_regularization_loss())
 
   estimator = _replicated(tmp_path, model_fn)
   np.testing.assert_allclose(estimator.get_variable_value('dense/kernel'),
@@ -205,7 +195,7 @@ def test_batch_norm_statistics_are_core_0s(tmp_path):
     normalized = tf.compat.v1.layers.batch_normalization(
         features['x'], momentum=0.9, training=mode == tpu_fc.ModeKeys.TRAIN,
         name='bn')
-    return _spec(mode, tf.reduce_mean(normalized), update_ops=(
+    return models.tpu_spec(mode, tf.reduce_mean(normalized), update_ops=(
         tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)))
 
   estimator = _replicated(tmp_path, model_fn)
@@ -225,7 +215,8 @@ def test_partitioned_variables_are_whole_as_on_a_tpu(tmp_path, tf_log):
         'dnn', partitioner=tf.compat.v1.fixed_size_partitioner(2)):
       out = tf.compat.v1.layers.dense(
           features['x'], 2, kernel_initializer=tf.compat.v1.ones_initializer())
-    return _spec(mode, tf.reduce_mean(out), predictions={'out': out})
+    return models.tpu_spec(mode, tf.reduce_mean(out),
+                           predictions={'out': out})
 
   estimator = _replicated(tmp_path, model_fn)
   saved = dict(tf.train.list_variables(estimator.latest_checkpoint()))
@@ -393,8 +384,7 @@ def test_input_pipelines_feed_the_cores_as_tf_2_15s(tmp_path, case):
   assert seen == [('input_fn', 'eval', 4, None), ('model_fn', 'eval', 4, None)]
 
 
-@pytest.mark.skipif(tpu_fc._tf.TF_VERSION != (2, 15),  # pylint: disable=protected-access
-                    reason="TF's own TPUEstimator is in the legacy lane only")
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('pipeline', [
     PIPELINES.PER_SHARD_V1, PIPELINES.PER_HOST_V1, PIPELINES.PER_HOST_V2,
     PIPELINES.BROADCAST])
@@ -460,11 +450,7 @@ def _embedded_estimator(model_dir, pipeline, num_shards):
   def model_fn(features, labels, mode, params):
     del params
     logits = tf.keras.layers.DenseFeatures([column])(features)
-    loss = tf.reduce_mean(tf.square(logits - labels))
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=(
-        tf.compat.v1.tpu.CrossShardOptimizer(
-            tf.compat.v1.train.GradientDescentOptimizer(0.1)).minimize(
-                loss, tf.compat.v1.train.get_global_step())))
+    return models.tpu_spec(mode, tf.reduce_mean(tf.square(logits - labels)))
 
   return tpu_fc.TPUEstimator(
       model_fn=model_fn, use_tpu=True, train_batch_size=4,

@@ -11,103 +11,38 @@ get TF's errors.
 import importlib
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
-from helpers import outcome
+from harness import hooks
+from harness import inputs
+from harness import lanes
+from harness import models
+from harness import scripts
+from harness.oracle import outcome
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO, 'tests', 'scripts', 'legacy_train_and_evaluate.py')
-LEGACY_LANE = TF_VERSION == (2, 15)
-BATCH, EXAMPLES, VOCABULARY, DIMENSION = 4, 8, 6, 3
+SCRIPT = os.path.join(scripts.SCRIPTS, 'legacy_train_and_evaluate.py')
+BATCH = 4
 RTOL = 1e-5
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 
-def input_fn(params):
-  """A fixed finite dataset: 2 batches (evaluations with steps=None end there)."""
-  index = np.arange(EXAMPLES)
-  features = {
-      'ids': ((index * 5 + 1) % VOCABULARY)[:, None].astype(np.int64),
-      'x': np.sin(index).astype(np.float32)[:, None]}
-  labels = np.cos(index * 0.7).astype(np.float32)[:, None]
-  dataset = tf.data.Dataset.from_tensor_slices((features, labels))
-  return dataset.batch(params['batch_size'], drop_remainder=True)
+def _mean_absolute_error(labels, predictions):
+  return {'mae': tf.compat.v1.metrics.mean_absolute_error(labels, predictions)}
 
 
-def train_input_fn(params):
-  return input_fn(params).repeat()
-
-
-def feature_columns():
-  ids = tf.feature_column.categorical_column_with_identity('ids', VOCABULARY)
-  return [tf.feature_column.embedding_column(ids, DIMENSION),
-          tf.feature_column.numeric_column('x')]
-
-
-def model_fn(features, labels, mode, params):
-  del params
-  net = tf.compat.v1.feature_column.input_layer(features, feature_columns())
-  predictions = tf.compat.v1.layers.dense(  # (Keras' default ignores the seed)
-      net, 1, kernel_initializer=tf.compat.v1.glorot_uniform_initializer())
-  if mode == 'infer':
-    return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-        mode, predictions={'prediction': predictions})
-  loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
-  train_op = tf.compat.v1.train.AdagradOptimizer(0.5).minimize(
-      loss, tf.compat.v1.train.get_global_step())
-
-  def metric_fn(labels, predictions):
-    return {'mae': tf.compat.v1.metrics.mean_absolute_error(labels,
-                                                            predictions)}
-
-  return tf.compat.v1.estimator.tpu.TPUEstimatorSpec(
-      mode, loss=loss, train_op=train_op,
-      eval_metrics=(metric_fn, [labels, predictions]))
+MODEL_FN = models.ids_and_x_model_fn(_mean_absolute_error)
 
 
 def serving_input_receiver_fn():
   return tpu_fc.export.build_parsing_serving_input_receiver_fn(
-      tf.feature_column.make_parse_example_spec(feature_columns()))()
-
-
-class SessionSteps(tf.compat.v1.train.SessionRunHook):
-  """(global step at the end, session.run calls) of every session it runs in."""
-
-  def __init__(self):
-    self.sessions = []
-
-  def begin(self):
-    self._global_step = tf.compat.v1.train.get_global_step()
-    self._runs = 0
-
-  def after_run(self, run_context, run_values):
-    self._runs += 1
-
-  def end(self, session):
-    self.sessions.append((int(session.run(self._global_step)), self._runs))
-
-
-class Driver:
-  """TF 2.15's estimator library, or tpu_fc's, under the same names."""
-
-  def __init__(self, library):
-    ours = library == 'tpu_fc'
-    tpu_namespace = tpu_fc if ours else tf.compat.v1.estimator.tpu
-    namespace = tpu_fc if ours else tf.compat.v1.estimator
-    for name in ('TPUEstimator', 'RunConfig'):
-      setattr(self, name, getattr(tpu_namespace, name))
-    for name in ('train_and_evaluate', 'TrainSpec', 'EvalSpec',
-                 'LatestExporter', 'FinalExporter', 'BestExporter'):
-      setattr(self, name, getattr(namespace, name))
+      tf.feature_column.make_parse_example_spec(models.ids_and_x_columns(3)))()
 
 
 def exporters(driver, case):
@@ -140,18 +75,18 @@ def export_structure(model_dir):
 
 def run_train_and_evaluate(library, model_dir, case):
   """Runs `case` through `library`; returns what the comparison looks at."""
-  driver = Driver(library)
-  train_hook, eval_hook = SessionSteps(), SessionSteps()
+  driver = lanes.driver(library)
+  train_hook, eval_hook = hooks.SessionSteps(), hooks.SessionSteps()
   estimator = driver.TPUEstimator(
-      model_fn=model_fn, use_tpu=False, train_batch_size=BATCH,
+      model_fn=MODEL_FN, use_tpu=False, train_batch_size=BATCH,
       eval_batch_size=BATCH, export_to_tpu=False,
       config=driver.RunConfig(model_dir=str(model_dir), tf_random_seed=7,
                               save_checkpoints_steps=case['checkpoint_every']))
   eval_result, export_results = driver.train_and_evaluate(
       estimator,
-      driver.TrainSpec(train_input_fn, max_steps=case['max_steps'],
+      driver.TrainSpec(inputs.ids_and_x_repeated, max_steps=case['max_steps'],
                        hooks=[train_hook]),
-      driver.EvalSpec(input_fn, steps=case['eval_steps'], name=case['name'],
+      driver.EvalSpec(inputs.ids_and_x, steps=case['eval_steps'], name=case['name'],
                       hooks=[eval_hook], exporters=exporters(driver, case),
                       throttle_secs=case['throttle_secs']))
   return dict(
@@ -176,10 +111,9 @@ CASES = {
 }
 
 
-@pytest.mark.skipif(not LEGACY_LANE, reason='needs TF 2.15 with tensorflow_estimator')
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_same_evaluations_results_and_exports_as_tf_2_15(tmp_path, case):
-  pytest.importorskip('tensorflow_estimator')
   runs = {library: run_train_and_evaluate(library, tmp_path / library,
                                           CASES[case])
           for library in ('tf', 'tpu_fc')}
@@ -196,13 +130,12 @@ def test_same_evaluations_results_and_exports_as_tf_2_15(tmp_path, case):
   assert len(want['evaluations']) > 1  # the case does evaluate more than once
 
 
+@pytest.mark.subprocess
 def test_legacy_script_runs_unchanged_with_an_emulated_tpu(tmp_path):
   """`tf.estimator.train_and_evaluate` + TPUEstimator(use_tpu=True) + spec + exporter."""
   model_dir, out = tmp_path / 'model', tmp_path / 'out.json'
-  subprocess.run(
-      [sys.executable, '-m', 'tpu_fc', 'run', SCRIPT, str(model_dir), str(out)],
-      check=True, env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path),
-      timeout=300)
+  scripts.run_python(['-m', 'tpu_fc', 'run', SCRIPT, str(model_dir), str(out)],
+                     check=True, env=scripts.env(), cwd=str(tmp_path))
   result = json.loads(out.read_text())
   tpu_fc.install()  # the script's TF names, for the reference evaluation
   try:
@@ -239,40 +172,40 @@ BAD_INPUT = {
         lambda lib: lib.TrainSpec(1)),
     'TrainSpec(max_steps=0)': (
         ValueError, 'Must specify max_steps > 0, given: 0',
-        lambda lib: lib.TrainSpec(input_fn, max_steps=0)),
+        lambda lib: lib.TrainSpec(inputs.ids_and_x, max_steps=0)),
     'TrainSpec(hooks=[1])': (
         TypeError, 'All hooks must be `SessionRunHook` instances, given: 1',
-        lambda lib: lib.TrainSpec(input_fn, hooks=[1])),
+        lambda lib: lib.TrainSpec(inputs.ids_and_x, hooks=[1])),
     'TrainSpec(saving_listeners=[1])': (
         TypeError, 'All saving_listeners must be `CheckpointSaverListener` '
         'instances, given: 1',
-        lambda lib: lib.TrainSpec(input_fn, saving_listeners=[1])),
+        lambda lib: lib.TrainSpec(inputs.ids_and_x, saving_listeners=[1])),
     'EvalSpec(steps=0)': (
         ValueError, 'Must specify steps > 0, given: 0',
-        lambda lib: lib.EvalSpec(input_fn, steps=0)),
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, steps=0)),
     'EvalSpec(name=1)': (
         TypeError, '`name` must be string, given: 1',
-        lambda lib: lib.EvalSpec(input_fn, name=1)),
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, name=1)),
     'EvalSpec(start_delay_secs=-1)': (
         ValueError, 'Must specify start_delay_secs >= 0, given: -1',
-        lambda lib: lib.EvalSpec(input_fn, start_delay_secs=-1)),
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, start_delay_secs=-1)),
     'EvalSpec(throttle_secs=-1)': (
         ValueError, 'Must specify throttle_secs >= 0, given: -1',
-        lambda lib: lib.EvalSpec(input_fn, throttle_secs=-1)),
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, throttle_secs=-1)),
     'EvalSpec(exporters=3)': (
         TypeError, '`exporters` must be an Exporter, an iterable of Exporter, '
         'or `None`, found 3.',
-        lambda lib: lib.EvalSpec(input_fn, exporters=3)),
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, exporters=3)),
     'EvalSpec(exporters=[same names])': (
         ValueError, '`exporters` must have unique names. Such a name cannot be '
         "`None`. All exporter names: ['e', 'e']",
-        lambda lib: lib.EvalSpec(input_fn, exporters=[
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, exporters=[
             lib.LatestExporter('e', serving_input_receiver_fn),
             lib.LatestExporter('e', serving_input_receiver_fn)])),
     'EvalSpec(exporters=[empty name])': (
         ValueError, 'An Exporter cannot have a name that is `None` or empty. '
         "All exporter names: ['']",
-        lambda lib: lib.EvalSpec(input_fn, exporters=lib.LatestExporter(
+        lambda lib: lib.EvalSpec(inputs.ids_and_x, exporters=lib.LatestExporter(
             '', serving_input_receiver_fn))),
     'LatestExporter(exports_to_keep=0)': (
         ValueError, '`exports_to_keep`, if provided, must be positive number',
@@ -294,7 +227,7 @@ BAD_INPUT = {
     'train_and_evaluate(eval_spec=None)': (
         TypeError, "`eval_spec` must have type `tf.estimator.EvalSpec`. Got: "
         "<class 'NoneType'>",
-        lambda lib: lib.train_and_evaluate(None, lib.TrainSpec(input_fn), None)),
+        lambda lib: lib.train_and_evaluate(None, lib.TrainSpec(inputs.ids_and_x), None)),
 }
 
 
@@ -303,22 +236,20 @@ def test_bad_input_gets_tf_2_15_errors(case):
   error, message, call = BAD_INPUT[case]
   got = outcome(call, tpu_fc)
   assert got is not None and got[0] is error and message in got[1], got
-  if LEGACY_LANE:
-    pytest.importorskip('tensorflow_estimator')
-    assert got == outcome(call, tf.compat.v1.estimator)
+  if lanes.LEGACY:
+      assert got == outcome(call, tf.compat.v1.estimator)
 
 
 def test_train_and_evaluate_takes_only_tpu_fc_estimators():
   with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
                      r' \(here: tpu_fc.TPUEstimator\)'):
-    tpu_fc.train_and_evaluate(object(), tpu_fc.TrainSpec(input_fn),
-                              tpu_fc.EvalSpec(input_fn))
+    tpu_fc.train_and_evaluate(object(), tpu_fc.TrainSpec(inputs.ids_and_x),
+                              tpu_fc.EvalSpec(inputs.ids_and_x))
 
 
-@pytest.mark.skipif(not LEGACY_LANE, reason='needs TF 2.15 with tensorflow_estimator')
+@pytest.mark.legacy_only
 def test_spec_fields_and_defaults_are_tf_2_15s():
-  pytest.importorskip('tensorflow_estimator')
   for name in ('TrainSpec', 'EvalSpec'):
-    ours = getattr(tpu_fc, name)(input_fn)
-    theirs = getattr(tf.compat.v1.estimator, name)(input_fn)
+    ours = getattr(tpu_fc, name)(inputs.ids_and_x)
+    theirs = getattr(tf.compat.v1.estimator, name)(inputs.ids_and_x)
     assert ours._asdict() == theirs._asdict(), name

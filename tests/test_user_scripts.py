@@ -2,33 +2,23 @@
 import json
 import os
 import re
-import subprocess
-import sys
-import types
 
 import numpy as np
 import pytest
 
 import tpu_fc
-from tpu_fc._tf import TF_VERSION
 from tpu_fc.estimator.tpu import replication
 from tpu_fc._tf import tf
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N, BATCH = 16, 4
-X = np.linspace(-1, 1, N * 2).astype(np.float32).reshape(N, 2)
-Y = (X[:, :1] > 0).astype(np.float32)
+from harness import estimators
+from harness import inputs
+from harness import lanes
+from harness import models
+from harness import scripts
+
+# The linear model's data and batch (every model here takes batches of it).
+N, BATCH, X, Y = inputs.N, estimators.LINEAR_BATCH, inputs.X, inputs.Y
 pytestmark = pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
-
-
-def input_fn(params):
-  return tf.data.Dataset.from_tensor_slices((X, Y)).repeat().batch(
-      params['batch_size'], drop_remainder=True)
-
-
-def _mean_logit(labels, logits):
-  del labels
-  return {'mean_logit': tf.compat.v1.metrics.mean(logits)}
 
 
 def _keras_auc(labels, logits):
@@ -38,78 +28,19 @@ def _keras_auc(labels, logits):
   return {'auc': auc}
 
 
-def model_fn(features, labels, mode, params):
-  """Features as one Tensor (not a dict), as in TF's MNIST/ResNet TPU models."""
-  params.get('record', lambda params: None)(params)
-  logits = tf.compat.v1.layers.dense(
-      features, 1, kernel_initializer=tf.compat.v1.constant_initializer(0.3))
-  if mode == tpu_fc.ModeKeys.PREDICT:
-    return params['spec'](mode, predictions={'logit': logits})
-  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
-  if mode == tpu_fc.ModeKeys.EVAL:
-    return params['spec'](mode, loss=loss, predictions={'logit': logits},
-                          eval_metrics=(params.get('metric_fn', _mean_logit),
-                                        [labels, logits]))
-  optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-  if params['use_tpu'] and not params.get('plain_optimizer'):
-    optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
-  hooks = {
-      None: [],
-      'logging': [tf.compat.v1.train.LoggingTensorHook({'loss': loss},
-                                                       every_n_iter=1)],
-      'nan': [tf.compat.v1.train.NanTensorHook(loss)],
-  }[params['hook_on_loss']]
-  global_step = tf.compat.v1.train.get_global_step()
-  host_call = None
-  if 'summary_dir' in params:  # the loss, as users wrote it (TF2 summaries)
-
-    def host_call_fn(global_step, loss):
-      with tf.compat.v2.summary.create_file_writer(
-          params['summary_dir']).as_default():
-        with tf.compat.v2.summary.record_if(True):
-          tf.compat.v2.summary.scalar('loss', loss[0], step=global_step[0])
-          return tf.compat.v1.summary.all_v2_summary_ops()
-
-    host_call = (host_call_fn, [tf.reshape(global_step, [1]),
-                                tf.reshape(loss, [1])])
-  return params['spec'](
-      mode, loss=loss, training_hooks=hooks, host_call=host_call,
-      train_op=optimizer.minimize(loss, global_step))
-
-
-def estimator_of(model_dir, use_tpu, driver=tpu_fc, **params):
-  """`driver`'s TPUEstimator (tpu_fc's or TF's) of `model_fn`."""
-  return driver.TPUEstimator(
-      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
-      eval_batch_size=BATCH, predict_batch_size=BATCH,
-      params=dict({'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec},
-                  **params),
-      config=driver.RunConfig(model_dir=str(model_dir), tpu_config=driver.TPUConfig(
-          iterations_per_loop=2, num_shards=2 if use_tpu else None)))
-
-
-def _train(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
-           metric_fn=_mean_logit, eval_steps=N // BATCH):
-  """Trains 2 steps and evaluates, with `driver`'s TPUEstimator (tpu_fc or TF's)."""
-  estimator = estimator_of(model_dir, use_tpu, driver,
-                           hook_on_loss=hook_on_loss, metric_fn=metric_fn)
-  estimator.train(input_fn, max_steps=2)
-  metrics = estimator.evaluate(  # TF's TPU evaluation needs steps
-      lambda params: input_fn(params).take(eval_steps), steps=eval_steps)
-  return metrics, estimator.get_variable_value('dense/kernel')
-
-
 def test_a_keras_metric_from_metric_fn_counts_on_the_cpu_and_is_refused_on_a_tpu(
     tmp_path):
   """As TF 2.15: with use_tpu=False its EstimatorSpec takes a Keras metric
   object; its TPU evaluation fails on one (it takes each metric's [0] and
   [1]): the same TypeError, saying what a metric_fn returns, in an
   evaluation loop and in a one-step evaluation alike."""
-  metrics, _ = _train(tmp_path / 'cpu', use_tpu=False, metric_fn=_keras_auc)
+  metrics, _ = estimators.train_linear(tmp_path / 'cpu', use_tpu=False,
+                                       metric_fn=_keras_auc)
   assert 0 < metrics['auc'] <= 1
-  if TF_VERSION == (2, 15):
-    legacy, _ = _train(tmp_path / 'legacy', use_tpu=False, metric_fn=_keras_auc,
-                       driver=tf.compat.v1.estimator.tpu)
+  if lanes.LEGACY:
+    legacy, _ = estimators.train_linear(
+        tmp_path / 'legacy', use_tpu=False, metric_fn=_keras_auc,
+        driver=tf.compat.v1.estimator.tpu)
     assert legacy['auc'] == metrics['auc']
   for eval_steps in (N // BATCH, 1):
     with pytest.raises(TypeError, match=re.escape(
@@ -117,20 +48,23 @@ def test_a_keras_metric_from_metric_fn_counts_on_the_cpu_and_is_refused_on_a_tpu
         "'auc'. On a TPU (use_tpu=True, eval_on_tpu=True), a metric_fn returns "
         'a dict of name -> (value, update_op) pairs, e.g. from '
         'tf.compat.v1.metrics.*')):
-      _train(tmp_path / 'tpu_{}'.format(eval_steps), use_tpu=True,
-             metric_fn=_keras_auc, eval_steps=eval_steps)
+      estimators.train_linear(tmp_path / 'tpu_{}'.format(eval_steps),
+                              use_tpu=True, metric_fn=_keras_auc,
+                              eval_steps=eval_steps)
 
 
 def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
   """TPUEstimator's input_fn may give a Tensor, not a dict (it crashed with use_tpu=True)."""
-  cpu_metrics, cpu_kernel = _train(tmp_path / 'cpu', use_tpu=False)
-  tpu_metrics, tpu_kernel = _train(tmp_path / 'tpu', use_tpu=True)
+  cpu_metrics, cpu_kernel = estimators.train_linear(tmp_path / 'cpu',
+                                                    use_tpu=False)
+  tpu_metrics, tpu_kernel = estimators.train_linear(tmp_path / 'tpu',
+                                                    use_tpu=True)
   np.testing.assert_allclose(tpu_kernel, cpu_kernel, rtol=1e-6)
   # (The eval loss is shard 0's, as on a TPU; metrics see every shard.)
   np.testing.assert_allclose(tpu_metrics['mean_logit'], cpu_metrics['mean_logit'],
                              rtol=1e-6)
-  if TF_VERSION == (2, 15):  # TF's own driver agrees
-    legacy_metrics, legacy_kernel = _train(
+  if lanes.LEGACY:  # TF's own driver agrees
+    legacy_metrics, legacy_kernel = estimators.train_linear(
         tmp_path / 'legacy', use_tpu=False, driver=tf.compat.v1.estimator.tpu)
     np.testing.assert_allclose(legacy_kernel, cpu_kernel, rtol=1e-6)
     np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
@@ -143,12 +77,13 @@ def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
   so once per process, naming CrossShardOptimizer."""
   monkeypatch.setattr(replication, '_warned_core_0_trains_alone', [])
 
-  estimator_of(tmp_path / 'cross_shard', use_tpu=True).train(input_fn,
-                                                            max_steps=1)
+  estimators.linear_estimator(tmp_path / 'cross_shard', use_tpu=True).train(
+      inputs.linear, max_steps=1)
   assert not [m for m in tf_log if 'no cross-replica sum' in m]
-  plain = estimator_of(tmp_path / 'plain', use_tpu=True, plain_optimizer=True)
-  plain.train(input_fn, max_steps=2)
-  plain.train(input_fn, max_steps=4)
+  plain = estimators.linear_estimator(tmp_path / 'plain', use_tpu=True,
+                                      plain_optimizer=True)
+  plain.train(inputs.linear, max_steps=2)
+  plain.train(inputs.linear, max_steps=4)
   assert [m for m in tf_log if 'no cross-replica sum' in m] == [
       "TPUConfig.num_shards=2, and the train_op updates trainable variables "
       "(dense/bias, dense/kernel) with no cross-replica sum: as on a TPU, only "
@@ -159,7 +94,8 @@ def test_a_plain_optimizer_on_two_shards_learns_from_core_0s_slice_and_says_so(
   core_0 = np.concatenate([X[:BATCH // 2], X[BATCH:BATCH + BATCH // 2]] * 2)
   core_0_labels = np.concatenate([Y[:BATCH // 2],
                                   Y[BATCH:BATCH + BATCH // 2]] * 2)
-  on_core_0_slices = estimator_of(tmp_path / 'core_0', use_tpu=False)
+  on_core_0_slices = estimators.linear_estimator(tmp_path / 'core_0',
+                                                 use_tpu=False)
   on_core_0_slices.train(lambda params: tf.data.Dataset.from_tensor_slices(
       (core_0, core_0_labels)).batch(BATCH // 2), max_steps=4)
   for name in ('dense/kernel', 'dense/bias'):
@@ -179,35 +115,33 @@ def test_hook_on_a_model_fn_tensor_says_to_use_host_call(tmp_path, tf_log, hook,
                                                           wording):
   """The hook works on the CPU; under the TPU loop the error (TF's, worded as
   the hook fetches) says why and what to do."""
-  _train(tmp_path / 'cpu', use_tpu=False, hook_on_loss=hook)
+  estimators.train_linear(tmp_path / 'cpu', use_tpu=False, hook_on_loss=hook)
   if hook == 'logging':
     assert any(m.startswith('loss = ') for m in tf_log)
   with pytest.raises(ValueError, match='(?s)' + wording + '.*' + HOOK_EXPLANATION):
-    _train(tmp_path / 'tpu', use_tpu=True, hook_on_loss=hook)
+    estimators.train_linear(tmp_path / 'tpu', use_tpu=True, hook_on_loss=hook)
 
 
 TF1_HOOK_SCRIPT = """
 import tpu_fc
 import tensorflow as tf
-import test_user_scripts as t
+from harness import estimators
 tf.compat.v1.disable_v2_behavior()
 try:
-  t._train({!r}, use_tpu=True, hook_on_loss='nan')
+  estimators.train_linear({!r}, use_tpu=True, hook_on_loss='nan')
 except ValueError as error:
   print(type(error).__name__, error)
 """
 
 
+@pytest.mark.subprocess
 def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
     tmp_path):
   """A TF1 loop's body op is not fetchable: TF's error class and wording, then
   the explanation."""
-  finished = subprocess.run(
-      [sys.executable, '-c', TF1_HOOK_SCRIPT.format(str(tmp_path))],
-      cwd=os.path.dirname(os.path.abspath(__file__)), capture_output=True,
-      text=True, timeout=300, check=False,
-      env=dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-               os.environ.get('PYTHONPATH', '')))
+  finished = scripts.run_python(
+      ['-c', TF1_HOOK_SCRIPT.format(str(tmp_path))], cwd=str(tmp_path),
+      env=scripts.env())
   assert finished.returncode == 0, finished.stderr[-4000:]
   assert re.search('^InaccessibleTensorError .*has been marked as not '
                    'fetchable.*' + HOOK_EXPLANATION,
@@ -222,19 +156,18 @@ def _summary_steps(directory):
                 for _ in event.summary.value)
 
 
-@pytest.mark.parametrize('run', ['loop', 'one_step', 'cpu', 'tf_cpu'])
+@pytest.mark.parametrize('run', ['loop', 'one_step', 'cpu', pytest.param(
+    'tf_cpu', marks=pytest.mark.legacy_only)])
 def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
   """TPUConfig(experimental_host_call_every_n_steps=3), iterations_per_loop=4,
   10 steps: on a TPU, at steps 0 and 3 of each loop (loops of 4, 4 and 2
   steps: steps 0, 3, 4, 7, 8), in a loop or one step per run; with
   use_tpu=False every step, as TF 2.15's own TPUEstimator(use_tpu=False)."""
-  if run == 'tf_cpu' and TF_VERSION != (2, 15):
-    pytest.skip("TF's own TPUEstimator is in the legacy lane only")
   driver = tf.compat.v1.estimator.tpu if run == 'tf_cpu' else tpu_fc
   use_tpu = run in ('loop', 'one_step')
   summary_dir = str(tmp_path / 'host_call')
   estimator = driver.TPUEstimator(
-      model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
+      model_fn=models.linear_model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
       params={'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec,
               'summary_dir': summary_dir},
       config=driver.RunConfig(
@@ -245,7 +178,7 @@ def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
     estimator.train(lambda params: (tf.constant(X[:BATCH]),
                                     tf.constant(Y[:BATCH])), max_steps=10)
   else:
-    estimator.train(input_fn, max_steps=10)
+    estimator.train(inputs.linear, max_steps=10)
   steps = _summary_steps(summary_dir)
   # (host_call reads the global step in the run that increments it, as in
   # TF: step k logs k or k + 1)
@@ -320,21 +253,18 @@ def test_predict_of_ids_transformed_for_the_tpu(tmp_path, transform_in_predict):
 # A legacy script as users wrote it (tests/scripts/legacy_user_model.py), run
 # unchanged by `python -m tpu_fc run`, and on TF 2.15 by TF's own TPUEstimator.
 
-USER_MODEL = os.path.join(REPO, 'tests', 'scripts', 'legacy_user_model.py')
+USER_MODEL = os.path.join(scripts.SCRIPTS, 'legacy_user_model.py')
 
 
 def _run_user_model(tmp_path, name, runs, v1=True, on_tpu_fc=True):
   """{run name: result} of the script's `runs`, in a process of its own."""
   result = tmp_path / (name + '.json')
-  command = [sys.executable] + (['-m', 'tpu_fc', 'run'] if on_tpu_fc else []) + [
+  args = (['-m', 'tpu_fc', 'run'] if on_tpu_fc else []) + [
       USER_MODEL, str(result), str(tmp_path / name)] + (['--v1'] if v1 else [])
   for run in runs:
-    command += ['--run', run]
-  env = dict(os.environ, PYTHONPATH=REPO + os.pathsep +
-             os.environ.get('PYTHONPATH', ''))
-  finished = subprocess.run(command, cwd=str(tmp_path), env=env,
-                            capture_output=True, text=True, timeout=600,
-                            check=False)
+    args += ['--run', run]
+  finished = scripts.run_python(args, cwd=str(tmp_path), env=scripts.env(),
+                                timeout=600)
   assert finished.returncode == 0, finished.stderr[-6000:]
   return json.loads(result.read_text())
 
@@ -363,12 +293,13 @@ def user_model_runs(tmp_path_factory):
       'dynamic:tpu:2:3:dynamic_batch', 'every_2:tpu:2:3:host_call_every_2'])
   runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
                                     v1=False)['loop']
-  if TF_VERSION == (2, 15):
+  if lanes.LEGACY:
     runs['tf_cpu'] = _run_user_model(tmp_path, 'tf', ['cpu:cpu:0:3'],
                                      on_tpu_fc=False)['cpu']
   return runs
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize('name', ['loop', 'step', 'one_shard', 'cpu',
                                   'v2_loop'])
 def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name):
@@ -391,6 +322,7 @@ def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name)
              for k, (_, step) in enumerate(run['summaries'])), run['summaries']
 
 
+@pytest.mark.subprocess
 def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
   """experimental_host_call_every_n_steps=2 in loops of 3 steps: steps 0 and
   2 of each loop (0, 2, 3, 5), under TF1 control flow (a v1 cond in a v1
@@ -403,6 +335,7 @@ def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
                      user_model_runs['loop'])
 
 
+@pytest.mark.subprocess
 def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
   """Under disable_v2_behavior, as with TF2 control flow: 3 steps per
   session.run, each the same as one step per run (the history table's
@@ -413,12 +346,13 @@ def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
   _assert_same_model(user_model_runs['v2_loop'], user_model_runs['loop'])
 
 
+@pytest.mark.subprocess
+@pytest.mark.legacy_only
 def test_cpu_run_is_tf_2_15s(user_model_runs):
-  if TF_VERSION != (2, 15):
-    pytest.skip("TF's own TPUEstimator is in the legacy lane only")
   _assert_same_model(user_model_runs['cpu'], user_model_runs['tf_cpu'])
 
 
+@pytest.mark.subprocess
 def test_a_dynamic_batch_gets_tf_2_15s_error_naming_the_feature(
     user_model_runs):
   error = user_model_runs['dynamic']['error']
@@ -465,7 +399,7 @@ class _Sub(tf.keras.Model):  # pylint: disable=abstract-method
 def _container_model_fn(features, labels, mode, params):
   """A one-column DenseFeatures and a Dense layer in `params['container']`,
   with the layer class and TPU column of `params['driver']` (tpu_fc or TF)."""
-  driver, layer_class = _driver(params['driver']), params['layer']
+  driver, layer_class = lanes.driver(params['driver']), params['layer']
   column = driver.embedding_column(
       tf.feature_column.categorical_column_with_identity('ids', 6), 2,
       initializer=tf.compat.v1.constant_initializer(
@@ -498,26 +432,11 @@ def _container_model_fn(features, labels, mode, params):
       loss, tf.compat.v1.train.get_global_step()))
 
 
-def _driver(name):
-  """TPUEstimator and what it takes, tpu_fc's or (legacy lane) TF 2.15's own."""
-  if name == 'tpu_fc':
-    return types.SimpleNamespace(**{attribute: getattr(tpu_fc, attribute) for attribute in (
-        'TPUEstimator', 'TPUEstimatorSpec', 'RunConfig', 'TPUConfig',
-        'embedding_column', 'EmbeddingConfigSpec', 'AdagradParameters')})
-  tpu = tf.compat.v1.estimator.tpu
-  return types.SimpleNamespace(
-      TPUEstimator=tpu.TPUEstimator, TPUEstimatorSpec=tpu.TPUEstimatorSpec,
-      RunConfig=tpu.RunConfig, TPUConfig=tpu.TPUConfig,
-      embedding_column=tf.compat.v1.tpu.experimental.embedding_column,
-      EmbeddingConfigSpec=tpu.experimental.EmbeddingConfigSpec,
-      AdagradParameters=tf.compat.v1.tpu.experimental.AdagradParameters)
-
-
 def _container_estimator(model_dir, container, use_tpu=True, driver='tpu_fc',
                          layer=tf.keras.layers.DenseFeatures,
                          model_fn=_container_model_fn, **kwargs):
   params = {'container': container, 'driver': driver, 'layer': layer}
-  driver = _driver(driver)
+  driver = lanes.driver(driver)
   column = driver.embedding_column(
       tf.feature_column.categorical_column_with_identity('ids', 6), 2)
   return driver.TPUEstimator(
@@ -607,8 +526,7 @@ def _tf_tpu_table_names(container, layer):
   return tables['tbl_ids'], slots['tbl_ids'].accumulator
 
 
-@pytest.mark.skipif(TF_VERSION != (2, 15),
-                    reason="TF's own TPUEstimator is in the legacy lane only")
+@pytest.mark.legacy_only
 @pytest.mark.parametrize('container,layer', [
     ('sequential', 'v1'), ('subclassed', 'v1'), ('name_scope', 'v1'),
     ('sequential', 'v2')])
@@ -667,7 +585,7 @@ def test_a_real_tpu_checkpoint_of_a_tf2_dense_features_model_restores(
   predicts, exports and trains on from such a checkpoint exactly as from its
   own, which names them `dense_features/ids_embedding/...`."""
   tf_names = ('embedding_weights', 'embedding_weights/Adagrad')
-  if TF_VERSION == (2, 15):
+  if lanes.LEGACY:
     assert _tf_tpu_table_names(container, tf.keras.layers.DenseFeatures) == (
         tf_names)
   own = _container_estimator(tmp_path / 'own', container)
@@ -693,8 +611,7 @@ def test_a_real_tpu_checkpoint_of_a_tf2_dense_features_model_restores(
                                   own.get_variable_value(name), err_msg=name)
 
 
-@pytest.mark.skipif(TF_VERSION != (2, 15),
-                    reason="TF's own TPUEstimator is in the legacy lane only")
+@pytest.mark.legacy_only
 def test_use_tpu_false_names_and_values_are_tf_2_15s(tmp_path):
   """A TF2 `DenseFeatures` in a Sequential, use_tpu=False: the container's
   names (`sequential/dense_features/...`), TF's values to the bit."""

@@ -1,21 +1,26 @@
-"""The spec's runtime options: pipeline_execution_with_tensor_core, profile_data_directory.
+"""The spec's runtime options: pipeline_execution_with_tensor_core,
+profile_data_directory, experimental_gradient_multiplier_fn.
 
 Tables are compared with the reference's within its float32 error bound
-(`helpers.ReferenceSteps`).
+(`oracle.ReferenceSteps`).
 """
 import copy
 import json
 
 import numpy as np
 
-import harness
-import helpers
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
 from tpu_fc.lookup.backends import EmbeddingCoreBackend
 
+from harness import estimators
+from harness import inputs
+from harness import models
+from harness import oracle
+
 fc = tf.feature_column
+D, NS = inputs.DIM, estimators.NUM_SHARDS
 TABLE = np.arange(18, dtype=np.float32).reshape(6, 3) / 10
 IDS = np.array([[1, 4], [4, 2]])
 C = np.array([[1., -2., 0.5], [0.3, 0.2, -1.]], np.float32)
@@ -59,7 +64,7 @@ def _reference_steps(steps):
   d/dact = C, passed on exactly by the sum combiner), on one core.
   """
   params = _spec(False).optimization_parameters
-  want = helpers.ReferenceSteps(params, TABLE,
+  want = oracle.ReferenceSteps(params, TABLE,
                                 reference.init_slots(params, TABLE.shape))
   flat_ids = IDS.reshape(-1)
   grads = np.repeat(C, IDS.shape[1], axis=0)
@@ -90,22 +95,45 @@ def test_checkpoints_hold_every_parked_update(tmp_path):
   """Two steps of two shards, each step's update parked for the next lookup:
   the checkpoint holds both (the harness's loss is linear, so its gradients do
   not depend on what a lookup missed)."""
-  estimator = harness.estimator(tmp_path, 'embedding_core', 'adagrad',
+  estimator = estimators.contract_estimator(tmp_path, 'embedding_core', 'adagrad',
                                 pipelined=True)
-  estimator.train(harness.input_fn_of('sparse'), steps=2)
-  harness.expected_step('embedding_core', 'adagrad', steps=2).assert_matches(
-      estimator.get_variable_value(harness.TABLE))
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
+  oracle.expected_step('embedding_core', 'adagrad', steps=2).assert_matches(
+      estimator.get_variable_value(models.TABLE))
 
 
 def test_profile_data_directory_gets_lookup_statistics(tmp_path):
   """The spec's profile_data_directory receives per-table JSON statistics."""
-  estimator = harness.estimator(
+  estimator = estimators.contract_estimator(
       tmp_path / 'model', 'embedding_core', 'sgd',
       profile_data_directory=str(tmp_path / 'profile'))
-  estimator.train(harness.input_fn_of('sparse'), steps=2)
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
   stats = json.loads((tmp_path / 'profile' / 'tbl_ids.json').read_text())
-  ids = [i for row in harness.IDS for i in row]
-  assert stats['ids_per_example'] == len(ids) / len(harness.IDS)
+  ids = [i for row in inputs.IDS for i in row]
+  assert stats['ids_per_example'] == len(ids) / len(inputs.IDS)
   assert stats['unique_ids_per_batch'] == len(set(ids))
   assert stats['hot_ids'][0] == [4, 2 * stats['steps_profiled']]
-  assert stats['num_hosts'] == harness.NUM_SHARDS
+  assert stats['num_hosts'] == estimators.NUM_SHARDS
+
+
+def test_gradient_multiplier_fn_scales_every_embedding_gradient(tmp_path):
+  feat = inputs.Feature('a', inputs.A_SP, combiner='mean')
+  init = models.init_table(5)
+  params = tpu_fc.AdagradParameters(0.1, initial_accumulator=0.1)
+
+  column_fn, spec = estimators.one_column(
+      feat, init, params, experimental_gradient_multiplier_fn=(
+          lambda step: 2.0 + tf.cast(step, tf.float32)))
+  c = inputs.coefficients(5, D)
+  one, estimator = estimators.train_1_and_3(
+      tmp_path, models.user_model_fn(column_fn), spec,
+                                            inputs.input_fn([feat], c))
+  table = oracle.Table('dense_features/a_embedding/embedding_weights', init,
+                       params, [feat])
+  table.step({'a': c / NS}, 0.1, multiplier=2.0)
+  table.check(one, 1)
+  table.step({'a': c / NS}, 0.1, multiplier=3.0)
+  table.step({'a': c / NS}, 0.1, multiplier=4.0)
+  table.check(estimator, 3)
+  # the model's gradients are unscaled
+  oracle.check_bias(estimator, c, 3, 1.0 / NS)

@@ -1,10 +1,17 @@
-"""iterations_per_loop on the emulated TPU: that many steps per session.run, same result."""
+"""In-graph loops on the emulated TPU: iterations_per_loop steps per
+session.run with the step-by-step result, an evaluation's steps in one run,
+hooks between the loops."""
 import numpy as np
 import pytest
 
 import tpu_fc
 from tpu_fc._tf import tf
 
+from harness import estimators
+from harness import inputs
+from harness import models
+
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 fc = tf.feature_column
 N, BATCH, VOCAB, DIM = 24, 4, 7, 3
 IDS = (np.arange(N * 2).reshape(N, 2) * 5) % VOCAB
@@ -84,3 +91,79 @@ def test_loop_gives_the_step_by_step_result_in_fewer_runs(tmp_path,
     np.testing.assert_allclose(looped.get_variable_value(name),
                                stepwise.get_variable_value(name),
                                rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+class _EvalRunsHook(tf.compat.v1.train.SessionRunHook):
+  """Counts the runs of an evaluation and reads the eval step after each."""
+
+  def __init__(self):
+    self.eval_steps = []
+
+  def after_run(self, run_context, run_values):
+    del run_values
+    self.eval_steps.append(run_context.session.run(
+        tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.EVAL_STEP)[0]))
+
+
+@pytest.mark.parametrize('input_kind', ['dataset', 'iterator_tensors'])
+@pytest.mark.parametrize('steps', [2, 6])
+def test_tpu_evaluation_runs_all_steps_in_one_run(tmp_path, steps, input_kind):
+  """`test_eval_steps_not_effected_by_training_iterations`: hooks see one
+  run, after which the eval step is `steps`; the metrics are those of all
+  `steps` batches (here the MAE over batches whose labels grow by 1 each).
+  An input_fn may return a Dataset or its iterator's `get_next()` tensors
+  (a new batch each step, as a TPU's infeed enqueues them)."""
+  def model_fn(features, labels, mode, params):
+    del params
+    predictions = tf.compat.v1.layers.dense(
+        features['x'], 1, kernel_initializer=tf.compat.v1.zeros_initializer())
+    loss = tf.compat.v1.losses.absolute_difference(labels, predictions)
+    if mode == tpu_fc.ModeKeys.EVAL:
+      return tpu_fc.TPUEstimatorSpec(mode, loss=loss, eval_metrics=(
+          lambda labels, predictions: {'mae': tf.compat.v1.metrics.mean(
+              tf.abs(labels - predictions))}, [labels, predictions]))
+    return models.tpu_spec(mode, loss, rate=0.0)
+
+  def input_fn(params):
+    del params
+    batches = tf.data.Dataset.range(100).map(
+        lambda i: ({'x': tf.ones([4, 2])}, tf.fill([4, 1], tf.cast(i, tf.float32))))
+    if input_kind == 'dataset':
+      return batches
+    return tf.compat.v1.data.make_one_shot_iterator(batches).get_next()
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4, eval_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          num_shards=2, iterations_per_loop=4)))
+  estimator.train(input_fn, steps=1)
+  hook = _EvalRunsHook()
+  metrics = estimator.evaluate(input_fn, steps=steps, hooks=[hook])
+  assert hook.eval_steps == [steps]
+  mean_label = (steps - 1) / 2  # labels 0, 1, ..., steps - 1; predictions 0
+  assert metrics['mae'] == pytest.approx(mean_label)
+  assert metrics['loss'] == pytest.approx(mean_label)  # shard 0's, per batch
+
+
+class StepsSeen(tf.compat.v1.train.SessionRunHook):
+  """The global step a hook fetches in each run, as TF's hooks fetch it."""
+
+  def __init__(self):
+    self.seen = []
+
+  def begin(self):
+    self._step = tf.compat.v1.train.get_global_step()
+
+  def before_run(self, run_context):
+    return tf.compat.v1.train.SessionRunArgs(self._step)
+
+  def after_run(self, run_context, run_values):
+    self.seen.append(run_values.results)
+
+
+def test_a_hook_fetches_the_step_before_each_loop(tmp_path):
+  """Never a step inside the in-graph loop (it ran 10 steps per run)."""
+  hook = StepsSeen()
+  estimators.option_estimator(tmp_path, iterations_per_loop=10).train(
+      inputs.contract_input_fn('sparse'), max_steps=200, hooks=[hook])
+  assert hook.seen == list(range(0, 200, 10))

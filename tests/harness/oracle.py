@@ -1,9 +1,17 @@
-"""Small helpers shared by the test modules."""
+"""The oracles tests compare with: `tpu_fc.reference` stepped with its float32
+error bound (`ReferenceSteps`), the wrong rules that bound must reject
+(`WRONG_RULES`), the expected tables of the harness's models, and how TF's
+own classes react (`outcome`).
+"""
 import inspect
 
 import numpy as np
 
 from tpu_fc import reference
+
+from harness import estimators
+from harness import inputs
+from harness import models
 
 
 def outcome(fn, *args, **kwargs):
@@ -394,3 +402,164 @@ def surviving_wrong_rules(monkeypatch, params, compare):
         continue
     survivors.append(label)
   return survivors
+
+
+# The contract model's expected tables.
+
+
+def occurrences(num_shards):
+  """(ids, cores, d(loss)/d(row)) of every id the contract model looks up."""
+  per_core = len(inputs.IDS) // num_shards
+  ids, cores, grads = [], [], []
+  for example, row_ids in enumerate(inputs.IDS):
+    for row in row_ids:
+      ids.append(row)
+      cores.append(example // per_core)
+      grads.append(models.COEF / len(row_ids) / num_shards)
+  return np.array(ids), np.array(cores), np.array(grads, np.float32)
+
+
+def expected_step(path, optimizer_name, steps=1,
+                  num_shards=estimators.NUM_SHARDS):
+  """`ReferenceSteps` after `steps` steps of the contract model on `path`
+  ('mid_level': the migrated model on `num_shards` emulated cores)."""
+  if path in ('embedding_core', 'mid_level'):
+    params = estimators.EMBEDDING_OPTIMIZERS[optimizer_name]
+  else:
+    params = estimators.MODEL_OPTIMIZERS[optimizer_name][1]
+  num_shards = 1 if path == 'cpu' else num_shards
+  ids, cores, grads = occurrences(num_shards)
+  want = ReferenceSteps(params, models.START,
+                        reference.init_slots(params, (models.VOCAB,
+                                                      models.DIM)),
+                        gradient_roundings=2)
+  for _ in range(steps):
+    if path != 'cpu' and path != 'tensor_core':  # as the optimizer's
+      # use_gradient_accumulation says: one update, or each core's in turn
+      want.step(ids, grads, models.LR, cores=cores, num_cores=num_shards)
+    else:  # a model variable: the shards' gradients averaged, one update
+      want.step(ids, grads, models.LR)
+  return want
+
+
+# The engine's features looked up by hand (`inputs.Feat`).
+
+
+def np_activation(feat, table):
+  """Activation ([B, dim] or [B, L, dim]) and sequence lengths, by hand."""
+  entries = feat.entries()
+  if feat.seq_len:
+    act = np.zeros((inputs.ENGINE_BATCH, feat.seq_len, feat.dim), np.float64)
+    lengths = np.zeros(inputs.ENGINE_BATCH, np.int64)
+    for b, j, i, _ in entries:
+      lengths[b] = max(lengths[b], min(j + 1, feat.seq_len))
+      if j < feat.seq_len:
+        act[b, j] = table[i]
+    return act, lengths
+  act = np.zeros((inputs.ENGINE_BATCH, feat.dim), np.float64)
+  for b in range(inputs.ENGINE_BATCH):
+    mine = [(i, w) for bb, _, i, w in entries if bb == b]
+    if mine:
+      act[b] = sum(w * table[i].astype(np.float64) for i, w in mine) * _scale(
+          feat.combiner, [w for _, w in mine])
+  return act, None
+
+
+def _scale(combiner, weights):
+  if combiner == 'mean':
+    return 1.0 / sum(weights)
+  if combiner == 'sqrtn':
+    return 1.0 / np.sqrt(sum(w * w for w in weights))
+  assert combiner == 'sum'
+  return 1.0
+
+
+def np_entry_gradients(feat, dy):
+  """(ids, examples, d(loss)/d(row)) of the looked-up entries, by the chain rule."""
+  entries = feat.entries()
+  ids, examples, grads = [], [], []
+  for b, j, i, w in entries:
+    if feat.seq_len:
+      if j >= feat.seq_len:
+        continue  # truncated: not part of the activation
+      grads.append(dy[b, j])
+    else:
+      grads.append(dy[b] * w * _scale(
+          feat.combiner, [ww for bb, _, _, ww in entries if bb == b]))
+    ids.append(i)
+    examples.append(b)
+  return ids, examples, grads
+
+
+# The user model's tables (`models.user_model_fn`), and its variables by hand.
+
+# Legacy TPU checkpoint slot suffix per mid-level slot (LEGACY_SEMANTICS §7).
+SLOT_SUFFIX = {
+    'StochasticGradientDescentParameters': {},
+    'AdagradParameters': {'accumulators': 'Adagrad'},
+    'AdamParameters': {'momenta': 'Adam/m', 'velocities': 'Adam/v'},
+    'FtrlParameters': {'accumulators': 'Ftrl', 'linears': 'Ftrl_1'},
+    'MomentumParameters': {'momenta': 'Momentum'},
+    'RMSPropParameters': {'ms': 'RMSProp/ms', 'mom': 'RMSProp/mom'},
+    'ProximalAdagradParameters': {'accumulators': 'ProximalAdagrad'},
+    # TF 2.15's `_*Handler.get_default_slot_variable_names` (dict configs).
+    'AdagradMomentumParameters': {'accumulators': 'AdagradMomentum/Accumulator',
+                                  'momenta': 'AdagradMomentum/Momentum'},
+    'ProximalYogiParameters': {'velocities': 'ProximalYogi',
+                               'momenta': 'ProximalYogi_1'},
+    'FrequencyEstimatorParameters': {'last_hit_step': 'FrequencyEstimator'},
+}
+
+# Model variables, metrics and activations against numpy by hand: float32 sums
+# of a few terms (~1e-7 of values below 10) on tables that differ from the
+# reference's within the update bound (all by at most 1e-6 here).
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+class Table:
+  """The numpy model of one embedding-core table of the user model and its
+  slots, trained by the reference (`inputs.Feature.row_grads`)."""
+
+  def __init__(self, name, init, params, feats):
+    self.name, self.feats = name, feats
+    # row_grads rounds at most as often as the engine: the norm's sqrt,
+    # dact·w, / norm, the multiplier.
+    self.want = ReferenceSteps(
+        params, init, reference.init_slots(params, init.shape),
+        gradient_roundings=ENGINE_GRADIENT_ROUNDINGS)
+
+  @property
+  def w(self):
+    return self.want.table
+
+  def step(self, dacts, lr, multiplier=1.0, tpu=True, num_shards=estimators.NUM_SHARDS):
+    """One TPU embedding update: `dacts` = {feature key: d(loss)/d(activation)}.
+
+    The examples split evenly over `num_shards` cores, whose gradients apply
+    as the optimizer's `use_gradient_accumulation` says (summed by default).
+    """
+    ids, cores, grads = [], [], []
+    for feat in self.feats:
+      i, examples, g = feat.row_grads(dacts[feat.key], tpu)
+      ids += i
+      cores += [b // (inputs.BATCH // num_shards) for b in examples]
+      grads.append(g)
+    grads = np.concatenate(grads) * np.float32(multiplier)
+    self.want.step(np.array(ids, np.int64), grads, lr, cores=cores,
+                   num_cores=num_shards)
+
+  def check(self, estimator, step):
+    suffixes = SLOT_SUFFIX[type(self.want.params).__name__]
+    self.want.assert_matches(
+        estimator.get_variable_value(self.name),
+        {slot: estimator.get_variable_value(
+            '{}/{}'.format(self.name, suffixes[slot]))
+         for slot in self.want.slots},
+        err_msg='{} after step {}'.format(self.name, step))
+
+
+def check_bias(estimator, c, steps, scale):
+  """SGD on the bias: d(loss)/d(bias) = sum_b c[b] * scale every step."""
+  expected = models.BIAS0 - steps * models.MODEL_LR * scale * c.sum(0)
+  np.testing.assert_allclose(estimator.get_variable_value('bias'), expected,
+                             **TOL)

@@ -1,0 +1,50 @@
+"""Which TensorFlow lane the tests run on, and TF 2.15's own classes.
+
+The legacy lane (TF 2.15.1 with tensorflow-estimator) has TF's real legacy
+TPU embedding classes and TPUEstimator: the reference implementations.  A
+test that runs them carries `@pytest.mark.legacy_only` (tests/conftest.py
+skips it on the latest lane); a test of tpu_fc on every lane that also
+compares with TF where it can reads `LEGACY`.
+"""
+import types
+
+import tpu_fc
+from tpu_fc._tf import TF_VERSION
+from tpu_fc._tf import tf
+
+LEGACY = TF_VERSION == (2, 15)
+NAME = 'legacy' if LEGACY else 'latest'
+SKIP_REASON = "runs TF 2.15's own classes (the legacy lane's)"
+
+if LEGACY:
+  # pylint: disable=g-import-not-at-top,unused-import
+  from tensorflow.python.tpu import tpu_embedding as tf_tpu_embedding
+  from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding as tf_estimator_embedding
+  # pylint: enable=g-import-not-at-top,unused-import
+else:
+  tf_tpu_embedding = tf_estimator_embedding = None
+
+
+# TPUEstimator and what it takes (tpu_fc's names; TF 2.15 keeps them in
+# tf.compat.v1.estimator.tpu), and the estimator library's names around it.
+_TPU_NAMES = ('TPUEstimator', 'TPUEstimatorSpec', 'RunConfig', 'TPUConfig')
+_ESTIMATOR_NAMES = ('train_and_evaluate', 'TrainSpec', 'EvalSpec',
+                    'LatestExporter', 'FinalExporter', 'BestExporter')
+
+
+def driver(name):
+  """TPUEstimator and what it takes, tpu_fc's ('tpu_fc') or TF 2.15's own
+  ('tf', legacy lane), under the same names."""
+  if name == 'tpu_fc':
+    return types.SimpleNamespace(**{
+        attribute: getattr(tpu_fc, attribute) for attribute in
+        _TPU_NAMES + _ESTIMATOR_NAMES + (
+            'EmbeddingConfigSpec', 'embedding_column', 'AdagradParameters')})
+  tpu = tf.compat.v1.estimator.tpu
+  return types.SimpleNamespace(
+      EmbeddingConfigSpec=tpu.experimental.EmbeddingConfigSpec,
+      embedding_column=tf.compat.v1.tpu.experimental.embedding_column,
+      AdagradParameters=tf.compat.v1.tpu.experimental.AdagradParameters,
+      **{attribute: getattr(tpu, attribute) for attribute in _TPU_NAMES},
+      **{attribute: getattr(tf.compat.v1.estimator, attribute)
+         for attribute in _ESTIMATOR_NAMES})
