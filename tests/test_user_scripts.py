@@ -396,14 +396,22 @@ class _Sub(tf.keras.Model):  # pylint: disable=abstract-method
     return self.out(self.embedded(inputs))
 
 
+CONTAINER_START = np.arange(12, dtype=np.float32).reshape(6, 2) / 8
+
+
+def _container_column(driver):
+  """The model's one column, `driver`'s (the model_fn's and the spec's: a
+  TPU makes the table with the spec's initializer)."""
+  return driver.embedding_column(
+      tf.feature_column.categorical_column_with_identity('ids', 6), 2,
+      initializer=tf.compat.v1.constant_initializer(CONTAINER_START))
+
+
 def _container_model_fn(features, labels, mode, params):
   """A one-column DenseFeatures and a Dense layer in `params['container']`,
   with the layer class and TPU column of `params['driver']` (tpu_fc or TF)."""
   driver, layer_class = lanes.driver(params['driver']), params['layer']
-  column = driver.embedding_column(
-      tf.feature_column.categorical_column_with_identity('ids', 6), 2,
-      initializer=tf.compat.v1.constant_initializer(
-          np.arange(12, dtype=np.float32).reshape(6, 2) / 8))
+  column = _container_column(driver)
   dense = lambda: tf.keras.layers.Dense(
       1, kernel_initializer=tf.compat.v1.constant_initializer([[0.5], [-0.25]]))
   if params['container'] == 'sequential':
@@ -437,8 +445,7 @@ def _container_estimator(model_dir, container, use_tpu=True, driver='tpu_fc',
                          model_fn=_container_model_fn, **kwargs):
   params = {'container': container, 'driver': driver, 'layer': layer}
   driver = lanes.driver(driver)
-  column = driver.embedding_column(
-      tf.feature_column.categorical_column_with_identity('ids', 6), 2)
+  column = _container_column(driver)
   return driver.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
       eval_batch_size=BATCH, predict_batch_size=BATCH,
@@ -488,9 +495,8 @@ def test_a_model_in_a_container_evaluates_predicts_and_exports_what_it_trained(
       table, table + '/Adagrad', dense + '/bias', dense + '/kernel',
       'global_step'])
   trained = estimator.get_variable_value(table)
-  start = np.arange(12, dtype=np.float32).reshape(6, 2) / 8
   # The step moved every looked-up row far beyond the bounds below.
-  assert np.abs(trained - start)[[1, 2, 4, 5]].min() > 1e-3
+  assert np.abs(trained - CONTAINER_START)[[1, 2, 4, 5]].min() > 1e-3
   logits, bound = _logits_by_hand(estimator, table, dense, CONTAINER_IDS)
   metrics = estimator.evaluate(_container_input_fn, steps=1)
   # (the mean's 4 more roundings, of the logits' sizes)
