@@ -121,7 +121,8 @@ def test_params_context_describes_the_emulated_system(tmp_path):
   def sharded_input_fn(params):
     context = params['context']
     seen['input'] = (context.current_input_fn_deployment()[1:],
-                     context.num_hosts, context.current_host)
+                     context.num_hosts, context.current_host,
+                     context.num_of_replicas_per_host)
     with pytest.raises(RuntimeError, match='must not be called from input_fn'):
       context.device_assignment  # pylint: disable=pointless-statement
     return input_fn(params)
@@ -139,7 +140,7 @@ def test_params_context_describes_the_emulated_system(tmp_path):
       config=tpu_fc.RunConfig(model_dir=str(tmp_path),
                               tpu_config=tpu_fc.TPUConfig(num_shards=4)))
   estimator.train(sharded_input_fn, max_steps=1)
-  assert seen == {'input': ((0, 1, 4), 1, 0), 'model': (4, None)}
+  assert seen == {'input': ((0, 1, 4), 1, 0, 4), 'model': (4, None)}
   # Model parallelism, whose device assignment TF gave, is not emulated.
   with pytest.raises(NotImplementedError, match='num_cores_per_replica=2'):
     tpu_context.TPUContext(  # pylint: disable=expression-not-assigned
