@@ -307,11 +307,14 @@ def restored_names(checkpoint_path, shapes, var_list, alias=None):
   return read_as
 
 
-def restoring_saver(checkpoint_path, var_list, alias=None):
-  """A Saver that restores `var_list` from the checkpoint, reading each
-  variable under its name there (`restored_names`); clear errors if it cannot."""
+def renaming_saver(checkpoint_path, var_list, alias=None):
+  """A Saver that restores `var_list` from a checkpoint holding some of it
+  under other names (`restored_names`), or None if it holds all under their
+  own; clear errors if it cannot restore them."""
   read_as = restored_names(checkpoint_path, checkpoint_shapes(checkpoint_path),
                            var_list, alias)
+  if not read_as:
+    return None
   return tf.compat.v1.train.Saver(
       var_list={read_as.get(n, n): v for n, v in var_list.items()},
       sharded=True)
@@ -335,9 +338,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
       return
     shapes = checkpoint_shapes(checkpoint_path)
     read_as = restored_names(checkpoint_path, shapes, var_list, alias)
-    available = set(shapes)
     missing = sorted(name for name in var_list
-                     if read_as.get(name, name) not in available)
+                     if name not in shapes and name not in read_as)
     if not missing and not read_as:
       return
     not_state = [n for n in missing if n not in may_start_anew and

@@ -82,10 +82,11 @@ def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
         serving_only=mode == ModeKeys.PREDICT)
     saver = restorer = spec.scaffold.saver
     if saver is None:
-      restorer = checkpoints.restoring_saver(
+      renamed = checkpoints.renaming_saver(
           checkpoint_path, internals.op_list_to_dict(
               tf.compat.v1.global_variables()), checkpoint_alias)
       saver = tf.compat.v1.train.Saver(sharded=True)
+      restorer = renamed or saver
     local_init = (spec.scaffold.local_init_op or
                   tf.compat.v1.train.Scaffold.default_local_init_op())
     with tf.compat.v1.Session() as session:
