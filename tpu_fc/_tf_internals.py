@@ -71,8 +71,9 @@ def replaced(owner, name, value):
   The one way tpu_fc replaces a TF attribute, each only while it builds a
   graph, where TF has no hook for what it needs: an emulated TPU's
   `cross_replica_sum` (`tpu_ops.cross_replica_sum`, `tf.compat.v1.tpu.
-  cross_replica_sum`) and `CrossShardOptimizer.apply_gradients` (summing
-  across shards built one after another, `estimator/tpu/replication.py`), and
+  cross_replica_sum`) and `tf.compat.v1.tpu.CrossShardOptimizer` (a subclass
+  of TF's, summing across shards built one after another,
+  `estimator/tpu/replication.py`), and
   `Optimizer.apply_gradients` for synchronous replicas
   (`estimator/distributed.py`).  `tests/test_tf_internals.py` checks each
   exists on both lanes.

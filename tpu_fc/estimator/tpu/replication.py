@@ -47,6 +47,8 @@ _PER_REPLICA_COLLECTIONS = (
     tf.compat.v1.GraphKeys.UPDATE_OPS,
     tf.compat.v1.GraphKeys.SUMMARIES,
 )
+# TF's class, as imported: the builds name a subclass of it in its place.
+_TF_CROSS_SHARD_OPTIMIZER = tf.compat.v1.tpu.CrossShardOptimizer
 
 
 class _SharedVariables:
@@ -106,6 +108,7 @@ class _CrossShardSums:
 
   def __init__(self, num_shards):
     self._operands = {shard: [] for shard in range(num_shards)}
+    self._rows_kept = False
     self.shard = None
 
   @property
@@ -113,13 +116,20 @@ class _CrossShardSums:
     """Whether any shard built a `cross_replica_sum`."""
     return any(self._operands.values())
 
+  @contextlib.contextmanager
+  def keeping_rows(self, keep):
+    """Inside, with `keep`, row gradients (`IndexedSlices`) sum as rows."""
+    self._rows_kept = keep
+    try:
+      yield
+    finally:
+      self._rows_kept = False
+
   def __call__(self, x, group_assignment=None, name=None):
     del group_assignment, name  # one group: all shards
+    if self._rows_kept and isinstance(x, tf.IndexedSlices):
+      return self._sum(x, _concatenated_rows)
     return self._sum(tf.convert_to_tensor(x), tf.add_n)
-
-  def rows(self, x):
-    """The sum over shards of row gradients (`IndexedSlices`), as rows."""
-    return self._sum(x, _concatenated_rows)
 
   def _sum(self, x, add):
     """`add` of this call's operands of every shard, on shard 0."""
@@ -157,26 +167,22 @@ _ROW_EXACT_OPTIMIZERS = (tf.compat.v1.train.GradientDescentOptimizer,
                          tf.compat.v1.train.AdagradOptimizer)
 
 
-def _apply_gradients_summing_rows(sum_rows):
-  """`CrossShardOptimizer.apply_gradients` as TF's, but for a wrapped optimizer
-  in `_ROW_EXACT_OPTIMIZERS` a table's row gradients (a gather's
-  `IndexedSlices`, `tpu_tensor_core` tables) are summed as rows by `sum_rows`:
-  TF's `cross_replica_sum` makes them dense, and the update then reads and
-  writes the whole table every step, to the same result."""
-  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-    rows = type(self._opt) in _ROW_EXACT_OPTIMIZERS
-    summed = []
-    for gradient, variable in grads_and_vars:
-      if gradient is not None:
-        with tf.compat.v1.colocate_with(gradient.op):
-          if rows and isinstance(gradient, tf.IndexedSlices):
-            gradient = sum_rows(gradient)
-          else:
-            gradient = tf.compat.v1.tpu.cross_replica_sum(
-                gradient, self._group_assignment)
-      summed.append((gradient, variable))
-    return self._opt.apply_gradients(summed, global_step, name)
-  return apply_gradients
+def _cross_shard_optimizer_keeping_rows(sums):
+  """`tf.compat.v1.tpu.CrossShardOptimizer` while shards are built: TF's class,
+  whose `cross_replica_sum` (`sums`) keeps a table's row gradients (a gather's
+  `IndexedSlices`, `tpu_tensor_core` tables) rows when the wrapped optimizer is
+  in `_ROW_EXACT_OPTIMIZERS`: TF's sum makes them dense, and the update then
+  reads and writes the whole table every step, to the same result.  (An
+  optimizer made from TF's class itself, named before the build, sums densely:
+  the same values, slower.)"""
+  class CrossShardOptimizer(_TF_CROSS_SHARD_OPTIMIZER):
+    __doc__ = _TF_CROSS_SHARD_OPTIMIZER.__doc__
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+      with sums.keeping_rows(type(self._opt) in _ROW_EXACT_OPTIMIZERS):
+        return super().apply_gradients(grads_and_vars, global_step, name)
+
+  return CrossShardOptimizer
 
 
 @contextlib.contextmanager
@@ -277,9 +283,7 @@ def one_replica():
   it is the identity, so a model_fn written for TPUs trains with use_tpu=False.
   """
   with internals.replaced(internals.tpu_ops_module, 'cross_replica_sum', _sum_over_one_replica), \
-      internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica), \
-      internals.replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
-                _apply_gradients_summing_rows(lambda rows: rows)):
+      internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', _sum_over_one_replica):
     yield
 
 
@@ -303,8 +307,8 @@ def replicate(build_shard, num_shards, shared_table_creators=(),
   with internals.tpu_shard_context(num_shards), \
       internals.replaced(internals.tpu_ops_module, 'cross_replica_sum', sums), \
       internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
-      internals.replaced(tf.compat.v1.tpu.CrossShardOptimizer, 'apply_gradients',
-                _apply_gradients_summing_rows(sums.rows)), \
+      internals.replaced(tf.compat.v1.tpu, 'CrossShardOptimizer',
+                         _cross_shard_optimizer_keeping_rows(sums)), \
       _creator_scope_on_every_graph(graph, variables.creator), \
       _unpartitioned_variables():
     for position, shard in enumerate(reversed(range(num_shards))):
