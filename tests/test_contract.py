@@ -21,6 +21,7 @@ from harness import lanes
 from harness import models
 from harness import oracle
 import tpu_fc
+from tpu_fc._tf import tf
 from tpu_fc.lookup import backends
 
 CASES = [(path, kind, name)
@@ -58,6 +59,31 @@ def test_two_steps_match_the_reference(tmp_path, path, kind, optimizer):
     np.testing.assert_array_equal(
         estimator.get_variable_value(models.TABLE),
         tf_estimator.get_variable_value(models.TABLE))
+
+
+# TF's class as named at import, before any build: while shards are built
+# the name is the emulation's subclass, which keeps row gradients rows.
+TF_CROSS_SHARD_OPTIMIZER = tf.compat.v1.tpu.CrossShardOptimizer
+
+
+@pytest.mark.parametrize('optimizer', sorted(estimators.MODEL_OPTIMIZERS))
+def test_tfs_own_cross_shard_optimizer_sums_a_tensor_core_table_densely(
+    tmp_path, optimizer):
+  """An optimizer made from TF's `CrossShardOptimizer` class itself sums a
+  tensor-core table's row gradients densely, as a TPU does: the same table as
+  the oracle's, by a whole-table update."""
+  estimator = estimators.contract_estimator(
+      tmp_path, 'tensor_core', optimizer,
+      cross_shard_optimizer=TF_CROSS_SHARD_OPTIMIZER)
+  estimator.train(inputs.contract_input_fn('sparse'), steps=2)
+  want = oracle.expected_step('tensor_core', optimizer, steps=2)
+  want.assert_matches(
+      estimator.get_variable_value(models.TABLE),
+      {slot: estimator.get_variable_value(
+          '{}/{}'.format(models.TABLE, suffix))
+       for suffix, slot in want.params.SLOTS}, err_msg=optimizer)
+  ops = estimators.op_types(tmp_path)
+  assert ops & estimators.DENSE_UPDATES and not ops & estimators.ROW_UPDATES
 
 
 @pytest.mark.parametrize('path', models.PATHS)

@@ -99,9 +99,10 @@ def table_variable(path, optimizer_name):
 
 def contract_estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
                        pipelined=False, squared=False,
-                       profile_data_directory=None):
+                       profile_data_directory=None, cross_shard_optimizer=None):
   """The estimator of `path`, its table trained by `optimizer_name`'s rule
-  (`pipelined`, `profile_data_directory`: the spec's options)."""
+  (`pipelined`, `profile_data_directory`: the spec's options;
+  `cross_shard_optimizer`: `models.contract_model_fn`'s)."""
   col = models.contract_column(path)
   model_optimizer = MODEL_OPTIMIZERS.get(
       optimizer_name, MODEL_OPTIMIZERS['sgd'])[0]
@@ -123,7 +124,9 @@ def contract_estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
             optimizer_name if path == 'embedding_core' else 'sgd'],
         **options)
   return tpu_fc.TPUEstimator(
-      model_fn=models.contract_model_fn(model_optimizer, squared=squared),
+      model_fn=models.contract_model_fn(
+          model_optimizer, squared=squared,
+          cross_shard_optimizer=cross_shard_optimizer),
       use_tpu=path != 'cpu',
       train_batch_size=len(inputs.IDS), params={'column': col},
       config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=(

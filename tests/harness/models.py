@@ -41,7 +41,10 @@ def contract_loss(activation, squared=False):
   return tf.reduce_sum(activation * COEF)
 
 
-def contract_model_fn(model_optimizer, driver=tpu_fc, squared=False):
+def contract_model_fn(model_optimizer, driver=tpu_fc, squared=False,
+                      cross_shard_optimizer=None):
+  """`cross_shard_optimizer`: the class wrapping the optimizer on a TPU
+  (`tf.compat.v1.tpu.CrossShardOptimizer` as named while the model_fn runs)."""
   def model_fn(features, labels, mode, params):
     del labels
     if params.get('column') is None:  # dict configs: the engine's activation
@@ -52,7 +55,8 @@ def contract_model_fn(model_optimizer, driver=tpu_fc, squared=False):
     loss = contract_loss(net, squared)
     optimizer = model_optimizer()
     if params['use_tpu']:
-      optimizer = tf.compat.v1.tpu.CrossShardOptimizer(optimizer)
+      optimizer = (cross_shard_optimizer or
+                   tf.compat.v1.tpu.CrossShardOptimizer)(optimizer)
     return driver.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
         loss, tf.compat.v1.train.get_global_step()))
   return model_fn
