@@ -104,16 +104,6 @@ def _verify_model_fn_args(model_fn, params):
                      (model_fn, non_valid_args))
 
 
-def _check_listeners_type(saving_listeners):
-  listeners = list(saving_listeners or [])
-  for listener in listeners:
-    if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
-      raise TypeError(
-          'saving_listeners must be a list of CheckpointSaverListener, '
-          'given: {}'.format(listener))
-  return listeners
-
-
 def check_estimator(estimator):
   """TF's TypeError unless `estimator` is tpu_fc's (functions that take one:
   `train_and_evaluate`, the early-stopping hooks, `add_metrics`)."""
@@ -525,7 +515,10 @@ class Estimator(object):
     position_hooks = [h for h in hooks
                       if isinstance(h, CheckpointInputPipelineHook)]
     hooks = [h for h in hooks if h not in position_hooks]
-    saving_listeners = _check_listeners_type(saving_listeners)
+    saving_listeners = hooks_lib.checked_types(
+        saving_listeners, tf.compat.v1.train.CheckpointSaverListener,
+        'saving_listeners must be a list of CheckpointSaverListener, '
+        'given: {}')
     _check_writable(self._model_dir)
     with contextlib.ExitStack() as held:
       if self._config.is_chief:  # the one task that writes checkpoints

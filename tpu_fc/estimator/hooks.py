@@ -9,13 +9,21 @@ from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 
 
+def checked_types(values, cls, message):
+  """`values` (None: none) as a list; a TypeError, `message` formatted with the
+  value, for one that is no `cls` (the hook and listener checks, each with
+  its TF wording)."""
+  values = list(values or [])
+  for value in values:
+    if not isinstance(value, cls):
+      raise TypeError(message.format(value))
+  return values
+
+
 def check_hooks_type(hooks):
   """`hooks` as a list; TF's error for one that is no `SessionRunHook`."""
-  hooks = list(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError('Hooks must be a SessionRunHook, given: {}'.format(hook))
-  return hooks
+  return checked_types(hooks, tf.compat.v1.train.SessionRunHook,
+                       'Hooks must be a SessionRunHook, given: {}')
 
 
 class CheckpointInputPipelineHook(tf.compat.v1.train.SessionRunHook):

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator import hooks as hooks_lib
 
 
 class ModeKeys(object):
@@ -110,12 +111,9 @@ def validate_export_outputs(export_outputs, predictions, mode):
 
 
 def validate_hooks(hooks):
-  hooks = tuple(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError(
-          'All hooks must be SessionRunHook instances, given: {}'.format(hook))
-  return hooks
+  return tuple(hooks_lib.checked_types(
+      hooks, tf.compat.v1.train.SessionRunHook,
+      'All hooks must be SessionRunHook instances, given: {}'))
 
 
 def _is_keras_metric(value):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 from tpu_fc._tf import tf
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import exporters as exporter_lib
+from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator.estimator import check_estimator
 
@@ -62,24 +63,9 @@ def _validate_input_fn(input_fn):
 
 
 def _validate_hooks(hooks):
-  hooks = tuple(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError(
-          'All hooks must be `SessionRunHook` instances, given: {}'.format(
-              hook))
-  return hooks
-
-
-def _validate_saving_listeners(saving_listeners):
-  saving_listeners = tuple(saving_listeners or [])
-  for saving_listener in saving_listeners:
-    if not isinstance(saving_listener,
-                      tf.compat.v1.train.CheckpointSaverListener):
-      raise TypeError(
-          'All saving_listeners must be `CheckpointSaverListener` instances, '
-          'given: {}'.format(saving_listener))
-  return saving_listeners
+  return tuple(hooks_lib.checked_types(
+      hooks, tf.compat.v1.train.SessionRunHook,
+      'All hooks must be `SessionRunHook` instances, given: {}'))
 
 
 def _validate_exporters(exporters):
@@ -144,7 +130,10 @@ class TrainSpec(
     return super(TrainSpec, cls).__new__(
         cls, input_fn=input_fn, max_steps=max_steps,
         hooks=_validate_hooks(hooks),
-        saving_listeners=_validate_saving_listeners(saving_listeners))
+        saving_listeners=tuple(hooks_lib.checked_types(
+            saving_listeners, tf.compat.v1.train.CheckpointSaverListener,
+            'All saving_listeners must be `CheckpointSaverListener` '
+            'instances, given: {}')))
 
 
 class EvalSpec(
