@@ -205,12 +205,6 @@ def _as_spec(spec, spec_class, error):
   raise TypeError(error.format(type(spec)))
 
 
-def _eval_spec(eval_spec):
-  return _as_spec(eval_spec, EvalSpec,
-                  '`eval_spec` must have type `tf.estimator.EvalSpec`. '
-                  'Got: {}')
-
-
 def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
                        eval_spec: EvalSpec) -> tuple[Any, Any] | None:
   """Trains, evaluates and exports `estimator` (a `TPUEstimator`) as TF 2.15 did.
@@ -236,7 +230,9 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
       training; in a cluster, no master or cluster to start this task's
       server with.
   """
-  eval_spec = _eval_spec(eval_spec)
+  eval_spec = _as_spec(
+      eval_spec, EvalSpec,
+      '`eval_spec` must have type `tf.estimator.EvalSpec`. Got: {}')
   executor = _TrainingExecutor(estimator, train_spec, eval_spec)
   config = estimator.config
   if config.task_type == 'evaluator' and config.task_id > 0:
@@ -433,7 +429,11 @@ class _TrainingExecutor(object):
 
   def _train_in_cluster(self, saving_listeners):
     config = self._estimator.config
-    if not _is_google_env():
+    tf_config = run_config.read_tf_config()
+    if not tf_config:
+      tf.compat.v1.logging.warn(
+          'TF_CONFIG should not be empty in distributed environment.')
+    if tf_config.get('environment') != 'google':  # else the manager starts it
       _start_std_server(config)
     if config.task_type == 'worker':
       max_delay_secs = _MAX_DELAY_SECS
@@ -486,22 +486,12 @@ class _TrainingExecutor(object):
           'it.')
 
 
-def _is_google_env():
-  """Whether TF_CONFIG says the cluster manager starts the servers."""
-  tf_config = run_config.read_tf_config()
-  if not tf_config:
-    tf.compat.v1.logging.warn(
-        'TF_CONFIG should not be empty in distributed environment.')
-  return tf_config.get('environment') == 'google'
-
-
 def _start_std_server(config):
-  """This task's server (shared with the estimator's), as Estimator started it."""
-  if (not config.cluster_spec or not config.task_type or
-      config.task_id is None):
-    raise RuntimeError('Could not start server; be sure to specify '
-                       'cluster_spec, task_type, and task in '
-                       'RunConfig or set the TF_CONFIG environment variable.')
+  """This task's server (shared with the estimator's), as Estimator started it.
+
+  Called only for a task of a cluster (`_TrainingExecutor.run`), which has a
+  cluster spec, task type and id.
+  """
   if not config.master:
     jobs = config.cluster_spec.jobs
     if (len(jobs) == 1 and len(config.cluster_spec.job_tasks(jobs[0])) == 1 and
