@@ -124,9 +124,8 @@ def add_item_to_params(params, key, value):
 
 
 def _create_global_step(graph):
-  """TPUEstimator's global step: an int64 resource variable."""
-  if tf.compat.v1.train.get_global_step(graph) is not None:
-    raise ValueError('"global_step" already exists.')
+  """TPUEstimator's global step: an int64 resource variable (every mode's
+  graph is a new one)."""
   with graph.as_default() as g, g.name_scope(None):
     return tf.compat.v1.get_variable(
         tf.compat.v1.GraphKeys.GLOBAL_STEP,
@@ -225,11 +224,7 @@ class Estimator(object):
     `params['use_tpu']` False, no `params['batch_size']`, a `TPUEstimatorSpec`
     turned into its `EstimatorSpec`.
     """
-
-    def public_model_fn(features, labels, mode, config):
-      return self._model_fn_as_exported(features, labels, mode, config)
-
-    return public_model_fn
+    return self._model_fn_as_exported
 
   def eval_dir(self, name: str | None = None) -> str:
     """Where `evaluate(name=...)` writes its summaries.
