@@ -98,10 +98,22 @@ def _verify_model_fn_args(model_fn, params):
     tf.compat.v1.logging.warn(
         'Estimator\'s model_fn (%s) includes params '
         'argument, but params are not passed to Estimator.', model_fn)
-  non_valid_args = list(args - _VALID_MODEL_FN_ARGS)
-  if non_valid_args:
-    raise ValueError('model_fn (%s) has following not expected args: %s' %
-                     (model_fn, non_valid_args))
+  check_fn_args(model_fn, 'model_fn', _VALID_MODEL_FN_ARGS)
+
+
+def check_fn_args(fn, kind, allowed):
+  """TF's error for arguments of `fn` (a model_fn, compare_fn, metric_fn)
+  that are not `allowed`."""
+  unexpected = list(set(internals.fn_args(fn)) - allowed)
+  if unexpected:
+    raise ValueError('%s (%s) has following not expected args: %s' %
+                     (kind, fn, unexpected))
+
+
+def check_positive(value, name):
+  """TF's error for a count of steps given (not None) but not positive."""
+  if value is not None and value <= 0:
+    raise ValueError('Must specify {} > 0, given: {}'.format(name, value))
 
 
 def check_estimator(estimator):
@@ -496,11 +508,8 @@ class Estimator(object):
     self._start_cluster_server()
     if steps is not None and max_steps is not None:
       raise ValueError('Can not provide both steps and max_steps.')
-    if steps is not None and steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-    if max_steps is not None and max_steps <= 0:
-      raise ValueError(
-          'Must specify max_steps > 0, given: {}'.format(max_steps))
+    check_positive(steps, 'steps')
+    check_positive(max_steps, 'max_steps')
     if (max_steps is not None and
         max_steps <= checkpoints.latest_global_step(self._model_dir)):
       tf.compat.v1.logging.info(
@@ -617,11 +626,8 @@ class Estimator(object):
   def _convert_eval_steps_to_hooks(self, steps):
     """The hooks that end an evaluation after `steps` (None: at input's end)."""
     self._check_evaluation_steps(steps)
-    if steps is None:
-      return []
-    if steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-    return [EvaluationStepsHook(steps)]
+    check_positive(steps, 'steps')
+    return [] if steps is None else [EvaluationStepsHook(steps)]
 
   def _evaluate_build_graph(self, input_fn, hooks, checkpoint_path):
     """Builds the EVAL graph in the default graph; returns (scaffold, update

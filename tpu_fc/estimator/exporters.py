@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator.estimator import check_fn_args
 
 _LOSS = 'loss'
 _COMPARE_FN_ARGS = frozenset(['best_eval_result', 'current_eval_result'])
@@ -166,18 +167,12 @@ def _loss_smaller(best_eval_result, current_eval_result):
 
 
 def _verify_compare_fn_args(compare_fn):
-  args = set(internals.fn_args(compare_fn))
-  if 'best_eval_result' not in args:
-    raise ValueError('compare_fn (%s) must include best_eval_result argument.' %
-                     compare_fn)
-  if 'current_eval_result' not in args:
-    raise ValueError(
-        'compare_fn (%s) must include current_eval_result argument.' %
-        compare_fn)
-  non_valid_args = list(args - _COMPARE_FN_ARGS)
-  if non_valid_args:
-    raise ValueError('compare_fn (%s) has following not expected args: %s' %
-                     (compare_fn, non_valid_args))
+  args = internals.fn_args(compare_fn)
+  for name in ('best_eval_result', 'current_eval_result'):
+    if name not in args:
+      raise ValueError('compare_fn (%s) must include %s argument.' %
+                       (compare_fn, name))
+  check_fn_args(compare_fn, 'compare_fn', _COMPARE_FN_ARGS)
 
 
 class BestExporter(_SavedModelExporter, Exporter):  # (Exporter: the base the API docs show)

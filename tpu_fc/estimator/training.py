@@ -33,6 +33,7 @@ from tpu_fc.estimator import exporters as exporter_lib
 from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator.estimator import check_estimator
+from tpu_fc.estimator.estimator import check_positive
 
 _MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
@@ -124,9 +125,7 @@ class TrainSpec(
               hooks: Iterable[Any] | None = None,
               saving_listeners: Iterable[Any] | None = None):
     _validate_input_fn(input_fn)
-    if max_steps is not None and max_steps <= 0:
-      raise ValueError(
-          'Must specify max_steps > 0, given: {}'.format(max_steps))
+    check_positive(max_steps, 'max_steps')
     return super(TrainSpec, cls).__new__(
         cls, input_fn=input_fn, max_steps=max_steps,
         hooks=_validate_hooks(hooks),
@@ -178,8 +177,7 @@ class EvalSpec(
               start_delay_secs: float = 120,
               throttle_secs: float = 600):
     _validate_input_fn(input_fn)
-    if steps is not None and steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
+    check_positive(steps, 'steps')
     if name is not None and not isinstance(name, str):
       raise TypeError('`name` must be string, given: {}'.format(name))
     hooks = _validate_hooks(hooks)
