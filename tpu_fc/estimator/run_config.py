@@ -84,19 +84,13 @@ def _checked_task(cluster_spec, task_type, task_id, chief_task_type):
 
 
 def _global_id_in_cluster(cluster_spec, task_type, task_id, chief_task_type):
-  """Chief 0, then other jobs alphabetically, ps last (Estimator's order)."""
-  ordered = [chief_task_type] + [
-      job for job in sorted(cluster_spec.jobs)
-      if job not in (chief_task_type, PS)]
-  if PS in cluster_spec.jobs:
-    ordered.append(PS)
-  next_id = 0
-  for job in ordered:
-    if job == task_type:
-      return next_id + task_id
-    next_id += len(cluster_spec.job_tasks(job))
-  raise RuntimeError('Internal Error: `task_type` ({}) is not in '
-                     'cluster_spec ({}).'.format(task_type, cluster_spec))
+  """Chief 0, then other jobs alphabetically, ps last (Estimator's order):
+  the tasks of the jobs before `task_type`'s, plus `task_id`."""
+  others = sorted(set(cluster_spec.jobs) - {chief_task_type, PS})
+  ordered = ([chief_task_type] + others +
+             ([PS] if PS in cluster_spec.jobs else []))
+  before = ordered[:ordered.index(task_type)]
+  return sum(len(cluster_spec.job_tasks(job)) for job in before) + task_id
 
 
 def _session_master(cluster_spec, task_type, task_id, tf_config):
