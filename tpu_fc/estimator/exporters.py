@@ -59,7 +59,8 @@ class Exporter(object):
 class _SavedModelExporter(Exporter):
   """Exports the serving graph and the checkpoint, then deletes all but the
   `exports_to_keep` newest exports (None: keeps all): what every exporter
-  writes."""
+  writes.  The public exporters name `Exporter` as a base too, the one the
+  API docs show."""
 
   def __init__(self, name, serving_input_receiver_fn, assets_extra=None,
                as_text=False, exports_to_keep=None):
@@ -104,7 +105,7 @@ def _garbage_collect_exports(export_dir_base, exports_to_keep):
       tf.compat.v1.logging.warn('Can not delete %s recursively: %s', path, e)
 
 
-class LatestExporter(_SavedModelExporter, Exporter):  # (Exporter: the base the API docs show)
+class LatestExporter(_SavedModelExporter, Exporter):
   """Exports after every evaluation, keeping the `exports_to_keep` newest.
 
   Args:
@@ -129,7 +130,7 @@ class LatestExporter(_SavedModelExporter, Exporter):  # (Exporter: the base the 
                      exports_to_keep)
 
 
-class FinalExporter(_SavedModelExporter, Exporter):  # (Exporter: the base the API docs show)
+class FinalExporter(_SavedModelExporter, Exporter):
   """Exports once, after the evaluation at the end of training.
 
   The end of training is the global step reaching `TrainSpec.max_steps`:
@@ -175,7 +176,7 @@ def _verify_compare_fn_args(compare_fn):
   check_fn_args(compare_fn, 'compare_fn', _COMPARE_FN_ARGS)
 
 
-class BestExporter(_SavedModelExporter, Exporter):  # (Exporter: the base the API docs show)
+class BestExporter(_SavedModelExporter, Exporter):
   """Exports when an evaluation is better (`compare_fn`) than the best so far.
 
   The best so far starts as the best evaluation in the event files matching
