@@ -249,12 +249,6 @@ def _check_shapes(checkpoint_path, shapes, var_list):
                             ', '.join(sorted(changed))))
 
 
-def _is_unreadable(error):
-  """Whether reading a checkpoint failed on its contents (not, e.g., its absence)."""
-  return (isinstance(error, (tf.errors.DataLossError, tf.errors.OutOfRangeError))
-          or type(error) is tf.errors.OpError)  # pylint: disable=unidiomatic-typecheck
-
-
 def _reason(error):
   """The line of an OpError's message that says what failed (not where)."""
   lines = [line.strip() for line in str(error).strip().splitlines()]
@@ -264,22 +258,28 @@ def _reason(error):
   return lines[0]
 
 
-def _unreadable(checkpoint_path, error):
-  """A DataLossError naming a truncated or corrupt checkpoint, and the cure."""
-  return tf.errors.DataLossError(None, None, (
-      'Checkpoint {} cannot be read ({}): it is truncated or corrupt. Remove its '
-      'files (and its line in the `checkpoint` file) to resume from the previous '
-      'checkpoint.'.format(original_path(checkpoint_path), _reason(error))))
+@contextlib.contextmanager
+def _unreadable_explained(checkpoint_path):
+  """Re-raises a failure to read the checkpoint's contents (not, e.g., its
+  absence) as a DataLossError naming a truncated or corrupt checkpoint, and
+  the cure."""
+  try:
+    yield
+  except tf.errors.OpError as e:
+    if not (isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError))
+            or type(e) is tf.errors.OpError):  # pylint: disable=unidiomatic-typecheck
+      raise
+    raise tf.errors.DataLossError(None, None, (
+        'Checkpoint {} cannot be read ({}): it is truncated or corrupt. Remove '
+        'its files (and its line in the `checkpoint` file) to resume from the '
+        'previous checkpoint.'.format(original_path(checkpoint_path),
+                                      _reason(e)))) from e
 
 
 def checkpoint_shapes(checkpoint_path):
   """{name: shape} of a checkpoint; a clear error if it cannot be read."""
-  try:
+  with _unreadable_explained(checkpoint_path):
     return dict(tf.train.list_variables(checkpoint_path))
-  except tf.errors.OpError as e:
-    if _is_unreadable(e):
-      raise _unreadable(checkpoint_path, e) from e
-    raise
 
 
 def restored_names(checkpoint_path, shapes, var_list, alias=None):
@@ -360,27 +360,20 @@ class TolerantSaver(tf.compat.v1.train.Saver):
             _variables_saved_as(var_list, missing)), missing)
 
   def restore(self, sess, save_path):
-    try:
-      return self._restore(sess, save_path)
-    except tf.errors.OpError as e:
-      if _is_unreadable(e):
-        raise _unreadable(save_path, e) from e
-      raise
-
-  def _restore(self, sess, save_path):
-    if self._partial is not None and save_path == self._partial[0]:
-      _, saver, initialize, missing = self._partial
-      if missing:
-        tf.compat.v1.logging.warning(
-            'Checkpoint %s has no %s (optimizer state of another training mode '
-            'or optimizer, or variables of hooks it was trained without); they '
-            'start from their initial values.', original_path(save_path),
-            ', '.join(missing))
-        sess.run(initialize)
-      return saver.restore(sess, save_path)
-    if self._variables_only is not None:
-      return self._variables_only.restore(sess, save_path)
-    return super().restore(sess, save_path)
+    with _unreadable_explained(save_path):
+      if self._partial is not None and save_path == self._partial[0]:
+        _, saver, initialize, missing = self._partial
+        if missing:
+          tf.compat.v1.logging.warning(
+              'Checkpoint %s has no %s (optimizer state of another training '
+              'mode or optimizer, or variables of hooks it was trained '
+              'without); they start from their initial values.',
+              original_path(save_path), ', '.join(missing))
+          sess.run(initialize)
+        return saver.restore(sess, save_path)
+      if self._variables_only is not None:
+        return self._variables_only.restore(sess, save_path)
+      return super().restore(sess, save_path)
 
 
 def _step_of(prefix):

@@ -98,20 +98,22 @@ def _verify_model_fn_args(model_fn, params):
     tf.compat.v1.logging.warn(
         'Estimator\'s model_fn (%s) includes params '
         'argument, but params are not passed to Estimator.', model_fn)
-  non_valid_args = list(args - _VALID_MODEL_FN_ARGS)
-  if non_valid_args:
-    raise ValueError('model_fn (%s) has following not expected args: %s' %
-                     (model_fn, non_valid_args))
+  check_fn_args(model_fn, 'model_fn', _VALID_MODEL_FN_ARGS)
 
 
-def _check_listeners_type(saving_listeners):
-  listeners = list(saving_listeners or [])
-  for listener in listeners:
-    if not isinstance(listener, tf.compat.v1.train.CheckpointSaverListener):
-      raise TypeError(
-          'saving_listeners must be a list of CheckpointSaverListener, '
-          'given: {}'.format(listener))
-  return listeners
+def check_fn_args(fn, kind, allowed):
+  """TF's error for arguments of `fn` (a model_fn, compare_fn, metric_fn)
+  that are not `allowed`."""
+  unexpected = list(set(internals.fn_args(fn)) - allowed)
+  if unexpected:
+    raise ValueError('%s (%s) has following not expected args: %s' %
+                     (kind, fn, unexpected))
+
+
+def check_positive(value, name):
+  """TF's error for a count of steps given (not None) but not positive."""
+  if value is not None and value <= 0:
+    raise ValueError('Must specify {} > 0, given: {}'.format(name, value))
 
 
 def check_estimator(estimator):
@@ -134,9 +136,8 @@ def add_item_to_params(params, key, value):
 
 
 def _create_global_step(graph):
-  """TPUEstimator's global step: an int64 resource variable."""
-  if tf.compat.v1.train.get_global_step(graph) is not None:
-    raise ValueError('"global_step" already exists.')
+  """TPUEstimator's global step: an int64 resource variable (every mode's
+  graph is a new one)."""
   with graph.as_default() as g, g.name_scope(None):
     return tf.compat.v1.get_variable(
         tf.compat.v1.GraphKeys.GLOBAL_STEP,
@@ -235,11 +236,7 @@ class Estimator(object):
     `params['use_tpu']` False, no `params['batch_size']`, a `TPUEstimatorSpec`
     turned into its `EstimatorSpec`.
     """
-
-    def public_model_fn(features, labels, mode, config):
-      return self._model_fn_as_exported(features, labels, mode, config)
-
-    return public_model_fn
+    return self._model_fn_as_exported
 
   def eval_dir(self, name: str | None = None) -> str:
     """Where `evaluate(name=...)` writes its summaries.
@@ -511,11 +508,8 @@ class Estimator(object):
     self._start_cluster_server()
     if steps is not None and max_steps is not None:
       raise ValueError('Can not provide both steps and max_steps.')
-    if steps is not None and steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-    if max_steps is not None and max_steps <= 0:
-      raise ValueError(
-          'Must specify max_steps > 0, given: {}'.format(max_steps))
+    check_positive(steps, 'steps')
+    check_positive(max_steps, 'max_steps')
     if (max_steps is not None and
         max_steps <= checkpoints.latest_global_step(self._model_dir)):
       tf.compat.v1.logging.info(
@@ -525,7 +519,10 @@ class Estimator(object):
     position_hooks = [h for h in hooks
                       if isinstance(h, CheckpointInputPipelineHook)]
     hooks = [h for h in hooks if h not in position_hooks]
-    saving_listeners = _check_listeners_type(saving_listeners)
+    saving_listeners = hooks_lib.checked_types(
+        saving_listeners, tf.compat.v1.train.CheckpointSaverListener,
+        'saving_listeners must be a list of CheckpointSaverListener, '
+        'given: {}')
     _check_writable(self._model_dir)
     with contextlib.ExitStack() as held:
       if self._config.is_chief:  # the one task that writes checkpoints
@@ -629,11 +626,8 @@ class Estimator(object):
   def _convert_eval_steps_to_hooks(self, steps):
     """The hooks that end an evaluation after `steps` (None: at input's end)."""
     self._check_evaluation_steps(steps)
-    if steps is None:
-      return []
-    if steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
-    return [EvaluationStepsHook(steps)]
+    check_positive(steps, 'steps')
+    return [] if steps is None else [EvaluationStepsHook(steps)]
 
   def _evaluate_build_graph(self, input_fn, hooks, checkpoint_path):
     """Builds the EVAL graph in the default graph; returns (scaffold, update

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator.estimator import check_fn_args
 
 _LOSS = 'loss'
 _COMPARE_FN_ARGS = frozenset(['best_eval_result', 'current_eval_result'])
@@ -56,14 +57,18 @@ class Exporter(object):
 
 
 class _SavedModelExporter(Exporter):
-  """Exports the serving graph and the checkpoint: what every exporter writes."""
+  """Exports the serving graph and the checkpoint, then deletes all but the
+  `exports_to_keep` newest exports (None: keeps all): what every exporter
+  writes.  The public exporters name `Exporter` as a base too, the one the
+  API docs show."""
 
   def __init__(self, name, serving_input_receiver_fn, assets_extra=None,
-               as_text=False):
+               as_text=False, exports_to_keep=None):
     self._name = name
     self._serving_input_receiver_fn = serving_input_receiver_fn
     self._assets_extra = assets_extra
     self._as_text = as_text
+    self._exports_to_keep = exports_to_keep
 
   @property
   def name(self):
@@ -72,15 +77,12 @@ class _SavedModelExporter(Exporter):
   def export(self, estimator, export_path, checkpoint_path, eval_result,
              is_the_final_export):
     del eval_result, is_the_final_export
-    return estimator.export_saved_model(
+    export_result = estimator.export_saved_model(
         export_path, self._serving_input_receiver_fn,
         assets_extra=self._assets_extra, as_text=self._as_text,
         checkpoint_path=checkpoint_path)
-
-
-def _check_exports_to_keep(exports_to_keep, message):
-  if exports_to_keep is not None and exports_to_keep <= 0:
-    raise ValueError(message)
+    _garbage_collect_exports(export_path, self._exports_to_keep)
+    return export_result
 
 
 def _garbage_collect_exports(export_dir_base, exports_to_keep):
@@ -103,7 +105,7 @@ def _garbage_collect_exports(export_dir_base, exports_to_keep):
       tf.compat.v1.logging.warn('Can not delete %s recursively: %s', path, e)
 
 
-class LatestExporter(Exporter):
+class LatestExporter(_SavedModelExporter, Exporter):
   """Exports after every evaluation, keeping the `exports_to_keep` newest.
 
   Args:
@@ -121,27 +123,14 @@ class LatestExporter(Exporter):
   def __init__(self, name: str, serving_input_receiver_fn: Callable[[], Any],
                assets_extra: Mapping[str, str] | None = None,
                as_text: bool = False, exports_to_keep: int | None = 5):
-    self._saved_model_exporter = _SavedModelExporter(
-        name, serving_input_receiver_fn, assets_extra, as_text)
-    self._exports_to_keep = exports_to_keep
-    _check_exports_to_keep(
-        exports_to_keep,
-        '`exports_to_keep`, if provided, must be positive number')
-
-  @property
-  def name(self):
-    return self._saved_model_exporter.name
-
-  def export(self, estimator, export_path, checkpoint_path, eval_result,
-             is_the_final_export):
-    export_result = self._saved_model_exporter.export(
-        estimator, export_path, checkpoint_path, eval_result,
-        is_the_final_export)
-    _garbage_collect_exports(export_path, self._exports_to_keep)
-    return export_result
+    if exports_to_keep is not None and exports_to_keep <= 0:
+      raise ValueError(
+          '`exports_to_keep`, if provided, must be positive number')
+    super().__init__(name, serving_input_receiver_fn, assets_extra, as_text,
+                     exports_to_keep)
 
 
-class FinalExporter(Exporter):
+class FinalExporter(_SavedModelExporter, Exporter):
   """Exports once, after the evaluation at the end of training.
 
   The end of training is the global step reaching `TrainSpec.max_steps`:
@@ -155,12 +144,7 @@ class FinalExporter(Exporter):
   def __init__(self, name: str, serving_input_receiver_fn: Callable[[], Any],
                assets_extra: Mapping[str, str] | None = None,
                as_text: bool = False):
-    self._saved_model_exporter = _SavedModelExporter(
-        name, serving_input_receiver_fn, assets_extra, as_text)
-
-  @property
-  def name(self):
-    return self._saved_model_exporter.name
+    super().__init__(name, serving_input_receiver_fn, assets_extra, as_text)
 
   def export(self, estimator, export_path, checkpoint_path, eval_result,
              is_the_final_export):
@@ -168,9 +152,8 @@ class FinalExporter(Exporter):
       return None
     tf.compat.v1.logging.info(
         'Performing the final export in the end of training.')
-    return self._saved_model_exporter.export(
-        estimator, export_path, checkpoint_path, eval_result,
-        is_the_final_export)
+    return super().export(estimator, export_path, checkpoint_path,
+                          eval_result, is_the_final_export)
 
 
 def _loss_smaller(best_eval_result, current_eval_result):
@@ -185,21 +168,15 @@ def _loss_smaller(best_eval_result, current_eval_result):
 
 
 def _verify_compare_fn_args(compare_fn):
-  args = set(internals.fn_args(compare_fn))
-  if 'best_eval_result' not in args:
-    raise ValueError('compare_fn (%s) must include best_eval_result argument.' %
-                     compare_fn)
-  if 'current_eval_result' not in args:
-    raise ValueError(
-        'compare_fn (%s) must include current_eval_result argument.' %
-        compare_fn)
-  non_valid_args = list(args - _COMPARE_FN_ARGS)
-  if non_valid_args:
-    raise ValueError('compare_fn (%s) has following not expected args: %s' %
-                     (compare_fn, non_valid_args))
+  args = internals.fn_args(compare_fn)
+  for name in ('best_eval_result', 'current_eval_result'):
+    if name not in args:
+      raise ValueError('compare_fn (%s) must include %s argument.' %
+                       (compare_fn, name))
+  check_fn_args(compare_fn, 'compare_fn', _COMPARE_FN_ARGS)
 
 
-class BestExporter(Exporter):
+class BestExporter(_SavedModelExporter, Exporter):
   """Exports when an evaluation is better (`compare_fn`) than the best so far.
 
   The best so far starts as the best evaluation in the event files matching
@@ -236,21 +213,15 @@ class BestExporter(Exporter):
     if self._compare_fn is None:
       raise ValueError('`compare_fn` must not be None.')
     _verify_compare_fn_args(self._compare_fn)
-    self._saved_model_exporter = _SavedModelExporter(
-        name, serving_input_receiver_fn, assets_extra, as_text)
+    if exports_to_keep is not None and exports_to_keep <= 0:
+      raise ValueError('`exports_to_keep`, if provided, must be a positive '
+                       'number. Got %s' % exports_to_keep)
+    super().__init__(name, serving_input_receiver_fn, assets_extra, as_text,
+                     exports_to_keep)
     self._event_file_pattern = event_file_pattern
     self._model_dir = None
     self._best_eval_result = None
     self._has_exported = False
-    self._exports_to_keep = exports_to_keep
-    _check_exports_to_keep(
-        exports_to_keep,
-        '`exports_to_keep`, if provided, must be a positive number. Got %s' %
-        exports_to_keep)
-
-  @property
-  def name(self):
-    return self._saved_model_exporter.name
 
   def export(self, estimator, export_path, checkpoint_path, eval_result,
              is_the_final_export):
@@ -264,10 +235,8 @@ class BestExporter(Exporter):
                          current_eval_result=eval_result)):
       tf.compat.v1.logging.info('Performing best model export.')
       self._best_eval_result = eval_result
-      export_result = self._saved_model_exporter.export(
-          estimator, export_path, checkpoint_path, eval_result,
-          is_the_final_export)
-      _garbage_collect_exports(export_path, self._exports_to_keep)
+      export_result = super().export(estimator, export_path, checkpoint_path,
+                                     eval_result, is_the_final_export)
       self._has_exported = True
       return export_result
     return None

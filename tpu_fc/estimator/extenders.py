@@ -18,10 +18,7 @@ def add_metrics(estimator, metric_fn):
   {name: (value, update_op) or a Keras metric}.
   """
   estimator_lib.check_estimator(estimator)
-  invalid_args = list(set(internals.fn_args(metric_fn)) - _VALID_METRIC_FN_ARGS)
-  if invalid_args:
-    raise ValueError('metric_fn (%s) has following not expected args: %s' %
-                     (metric_fn, invalid_args))
+  estimator_lib.check_fn_args(metric_fn, 'metric_fn', _VALID_METRIC_FN_ARGS)
 
   def new_model_fn(features, labels, mode, config):
     spec = estimator.model_fn(features, labels, mode, config)

@@ -1,7 +1,6 @@
 """Session hooks the driver adds, as TPUEstimator added them on CPU, and
 tf.estimator's own (`tf.estimator.experimental.InMemoryEvaluatorHook`,
 `make_stop_at_checkpoint_step_hook`) for TF versions without them."""
-import os
 import time
 
 from tpu_fc import _tf_internals as internals
@@ -9,13 +8,21 @@ from tpu_fc._tf import tf
 from tpu_fc.estimator import checkpoints
 
 
+def checked_types(values, cls, message):
+  """`values` (None: none) as a list; a TypeError, `message` formatted with the
+  value, for one that is no `cls` (the hook and listener checks, each with
+  its TF wording)."""
+  values = list(values or [])
+  for value in values:
+    if not isinstance(value, cls):
+      raise TypeError(message.format(value))
+  return values
+
+
 def check_hooks_type(hooks):
   """`hooks` as a list; TF's error for one that is no `SessionRunHook`."""
-  hooks = list(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError('Hooks must be a SessionRunHook, given: {}'.format(hook))
-  return hooks
+  return checked_types(hooks, tf.compat.v1.train.SessionRunHook,
+                       'Hooks must be a SessionRunHook, given: {}')
 
 
 class CheckpointInputPipelineHook(tf.compat.v1.train.SessionRunHook):
@@ -128,8 +135,7 @@ class InMemoryEvaluatorHook(tf.compat.v1.train.SessionRunHook):
           'InMemoryEvaluator supports only single machine (aka Local) setting.')
     self._estimator = estimator
     self._input_fn = input_fn
-    self._eval_dir = os.path.join(estimator.model_dir,
-                                  'eval' if not name else 'eval_' + name)
+    self._eval_dir = estimator.eval_dir(name)
     self._hooks = check_hooks_type(hooks)
     self._hooks.extend(estimator._convert_eval_steps_to_hooks(steps))  # pylint: disable=protected-access
     self._timer = tf.compat.v1.train.SecondOrStepTimer(every_steps=every_n_iter)

@@ -27,7 +27,6 @@ def parse_input_fn_result(result):
   """
   hooks = []
   from_dataset = isinstance(result, tf.data.Dataset)
-  again = None
   if from_dataset:
     iterator = tf.compat.v1.data.make_initializable_iterator(result)
     hooks.append(DatasetInitializerHook(iterator))

@@ -175,15 +175,6 @@ def numpy_input_fn(x,
   return input_fn
 
 
-def _pandas():
-  """The pandas module, or None where it is not installed."""
-  try:
-    import pandas  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return pandas
-
-
 def pandas_input_fn(x,
                     y=None,
                     batch_size=128,
@@ -196,10 +187,11 @@ def pandas_input_fn(x,
   `numpy_input_fn`'s reading of its columns; `y` (a Series or DataFrame whose
   index matches x's) is the target, named `target_column` in x's rows; a
   `queue_capacity` of None is x's length (4 times it when shuffling)."""
-  pd = _pandas()
-  if pd is None:
-    raise TypeError(
-        'pandas_input_fn should not be called without pandas installed')
+  try:
+    import pandas as pd  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise TypeError('pandas_input_fn should not be called without pandas '
+                    'installed') from None
   _check_shuffle(shuffle)
   if not isinstance(target_column, str):
     raise TypeError('target_column must be a string type')
@@ -215,9 +207,7 @@ def pandas_input_fn(x,
     if isinstance(y, pd.DataFrame):
       y_columns = [(column, _unique_column_name(x, column)) for column in list(y)]
       target_column = [name for _, name in y_columns]
-      x[target_column] = y
-    else:
-      x[target_column] = y
+    x[target_column] = y
   if queue_capacity is None:
     queue_capacity = 4 * len(x) if shuffle else len(x)
 

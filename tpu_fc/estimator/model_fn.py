@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator import hooks as hooks_lib
 
 
 class ModeKeys(object):
@@ -34,12 +35,15 @@ _GRAPH_ERROR = (
     'in the most recent call to "model_fn".')
 
 
-def _in_default_graph(value):
-  """Whether `value` (a tensor or op) was built in the default graph; a
-  resource variable's `assign_add` (the update op of some metrics) by its op:
-  its `graph` is its variable's, outside the emulated TPU loop's body."""
-  return (tf.executing_eagerly() or getattr(value, 'op', value).graph is
-          tf.compat.v1.get_default_graph())
+def _check_in_default_graph(value, what, key=None):
+  """TF's error unless `value` (a tensor or op: the `what`, or its `key`) was
+  built in the default graph; a resource variable's `assign_add` (the update
+  op of some metrics) by its op: its `graph` is its variable's, outside the
+  emulated TPU loop's body."""
+  if not (tf.executing_eagerly() or getattr(value, 'op', value).graph is
+          tf.compat.v1.get_default_graph()):
+    name = value.name if key is None else '{0}: {1}'.format(key, value.name)
+    raise ValueError(_GRAPH_ERROR.format(what, name))
 
 
 def _check_is_tensor(x, name):
@@ -59,8 +63,7 @@ def validate_train_op(train_op, mode):
         'train_op must be Operation or Tensor, given: {}'.format(train_op))
   if isinstance(train_op, tf.Variable):
     train_op = train_op.op
-  if not _in_default_graph(train_op):
-    raise ValueError(_GRAPH_ERROR.format('train_op', train_op.name))
+  _check_in_default_graph(train_op, 'train_op')
   return train_op
 
 
@@ -75,8 +78,7 @@ def validate_loss(loss, mode):
     raise ValueError('Loss must be scalar, given: {}'.format(loss))
   if not shape.is_compatible_with(tf.TensorShape([])):
     loss = tf.reshape(loss, [])
-  if not _in_default_graph(loss):
-    raise ValueError(_GRAPH_ERROR.format('loss', loss.name))
+  _check_in_default_graph(loss, 'loss')
   return loss
 
 
@@ -91,15 +93,10 @@ def validate_predictions(predictions, mode):
         for k, v in predictions.items()
     }
     for key, value in predictions.items():
-      if not _in_default_graph(value):
-        raise ValueError(
-            _GRAPH_ERROR.format('prediction values',
-                                '{0}: {1}'.format(key, value.name)))
+      _check_in_default_graph(value, 'prediction values', key)
     return predictions
   predictions = _check_is_tensor(predictions, 'predictions')
-  if not _in_default_graph(predictions):
-    raise ValueError(
-        _GRAPH_ERROR.format('prediction values', predictions.name))
+  _check_in_default_graph(predictions, 'prediction values')
   return predictions
 
 
@@ -110,12 +107,9 @@ def validate_export_outputs(export_outputs, predictions, mode):
 
 
 def validate_hooks(hooks):
-  hooks = tuple(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError(
-          'All hooks must be SessionRunHook instances, given: {}'.format(hook))
-  return hooks
+  return tuple(hooks_lib.checked_types(
+      hooks, tf.compat.v1.train.SessionRunHook,
+      'All hooks must be SessionRunHook instances, given: {}'))
 
 
 def _is_keras_metric(value):
@@ -145,10 +139,7 @@ def _validate_eval_metric_ops(eval_metric_ops):
           'Values of eval_metric_ops must be (metric_value, update_op) '
           'tuples, given: {} for key: {}'.format(value, key))
     for tensor in to_check:
-      if not _in_default_graph(tensor):
-        raise ValueError(
-            _GRAPH_ERROR.format('eval_metric_ops',
-                                '{0}: {1}'.format(key, tensor.name)))
+      _check_in_default_graph(tensor, 'eval_metric_ops', key)
   for key, value in eval_metric_ops.items():
     if _is_keras_metric(value):
       metric_variables.extend(value.variables)

@@ -84,19 +84,13 @@ def _checked_task(cluster_spec, task_type, task_id, chief_task_type):
 
 
 def _global_id_in_cluster(cluster_spec, task_type, task_id, chief_task_type):
-  """Chief 0, then other jobs alphabetically, ps last (Estimator's order)."""
-  ordered = [chief_task_type] + [
-      job for job in sorted(cluster_spec.jobs)
-      if job not in (chief_task_type, PS)]
-  if PS in cluster_spec.jobs:
-    ordered.append(PS)
-  next_id = 0
-  for job in ordered:
-    if job == task_type:
-      return next_id + task_id
-    next_id += len(cluster_spec.job_tasks(job))
-  raise RuntimeError('Internal Error: `task_type` ({}) is not in '
-                     'cluster_spec ({}).'.format(task_type, cluster_spec))
+  """Chief 0, then other jobs alphabetically, ps last (Estimator's order):
+  the tasks of the jobs before `task_type`'s, plus `task_id`."""
+  others = sorted(set(cluster_spec.jobs) - {chief_task_type, PS})
+  ordered = ([chief_task_type] + others +
+             ([PS] if PS in cluster_spec.jobs else []))
+  before = ordered[:ordered.index(task_type)]
+  return sum(len(cluster_spec.job_tasks(job)) for job in before) + task_id
 
 
 def _session_master(cluster_spec, task_type, task_id, tf_config):
@@ -171,17 +165,6 @@ def _settings_from_tf_config(tf_config):
   task = tf_config.get('task', {})
   return cluster_settings(tf.train.ClusterSpec(tf_config.get('cluster', {})),
                           task.get('type'), task.get('index'), tf_config)
-
-
-def is_parameter_server_cluster(resolver):
-  """Whether a `ClusterResolver`'s cluster has a `ps` job."""
-  return PS in resolver.cluster_spec().jobs
-
-
-def _settings_from_resolver(resolver):
-  """A parameter-server `ClusterResolver`'s task, as if given by TF_CONFIG."""
-  return cluster_settings(resolver.cluster_spec(), resolver.task_type,
-                          resolver.task_id)
 
 
 def distributed_session_config(task_type, task_id):
@@ -395,9 +378,10 @@ class RunConfig(object):
     model_dir = _model_dir_in(tf_config, path_to_str(model_dir))
     if master is not None and cluster is not None:
       raise ValueError('Both master and cluster are set.')
-    tpu_cluster = cluster is not None and not is_parameter_server_cluster(cluster)
-    if cluster is not None and not tpu_cluster:
-      settings = _settings_from_resolver(cluster)
+    tpu_cluster = cluster is not None and PS not in cluster.cluster_spec().jobs
+    if cluster is not None and not tpu_cluster:  # as if given by TF_CONFIG
+      settings = cluster_settings(cluster.cluster_spec(), cluster.task_type,
+                                  cluster.task_id)
     else:
       settings = _settings_from_tf_config(tf_config)
     if master is not None:
@@ -438,36 +422,6 @@ class RunConfig(object):
         cluster=cluster,
         **settings)
     validate(self._values)
-
-  model_dir = field('model_dir')
-  tf_random_seed = field('tf_random_seed')
-  save_summary_steps = field('save_summary_steps')
-  save_checkpoints_steps = field('save_checkpoints_steps')
-  save_checkpoints_secs = field('save_checkpoints_secs')
-  session_config = field('session_config')
-  keep_checkpoint_max = field('keep_checkpoint_max')
-  keep_checkpoint_every_n_hours = field('keep_checkpoint_every_n_hours')
-  log_step_count_steps = field('log_step_count_steps')
-  session_creation_timeout_secs = field('session_creation_timeout_secs')
-  checkpoint_save_graph_def = field('checkpoint_save_graph_def')
-  device_fn = field('device_fn')
-  protocol = field('protocol')
-  sync_replicas = field('sync_replicas')
-  experimental_max_worker_delay_secs = field(
-      'experimental_max_worker_delay_secs')
-  train_distribute = field('train_distribute')
-  eval_distribute = field('eval_distribute')
-  experimental_distribute = field('experimental_distribute')
-  master = field('master')
-  evaluation_master = field('evaluation_master')
-  cluster = field('cluster')
-  cluster_spec = field('cluster_spec')
-  is_chief = field('is_chief')
-  task_type = field('task_type')
-  task_id = field('task_id')
-  global_id_in_cluster = field('global_id_in_cluster')
-  num_ps_replicas = field('num_ps_replicas')
-  num_worker_replicas = field('num_worker_replicas')
 
   def replace(self, **kwargs: Any) -> RunConfig:
     """A copy with some keyword arguments changed, as `tf.estimator.RunConfig`'s.
@@ -525,6 +479,11 @@ class RunConfig(object):
   def __repr__(self):
     return 'RunConfig({})'.format(', '.join(
         '{}={!r}'.format(k, v) for k, v in self._values.items()))
+
+
+# Every keyword argument and cluster role, read-only.
+for _name in KWARG_FIELDS + CLUSTER_FIELDS + ('cluster',):
+  setattr(RunConfig, _name, field(_name))
 
 
 def _with_cluster_def(session_config, cluster_spec):

@@ -37,9 +37,8 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
     tf.compat.v1.summary.scalar(_LOSS, spec.loss)
   graph.add_to_collection(tf.compat.v1.GraphKeys.LOSSES, spec.loss)
 
-  worker_hooks = list(hooks)
-  worker_hooks.append(tf.compat.v1.train.NanTensorHook(spec.loss))
-  worker_hooks.extend(spec.training_hooks)
+  worker_hooks = (list(hooks) + [tf.compat.v1.train.NanTensorHook(spec.loss)] +
+                  list(spec.training_hooks))
 
   chief_hooks = []
   saver_hooks = [
@@ -154,11 +153,9 @@ def evaluation_graph(built):
         'already defines a default metric with the same name.')
   eval_metric_ops[_LOSS] = (built.eval_loss or
                             tf.compat.v1.metrics.mean(spec.loss))
-  update_ops = []
-  eval_dict = {}
-  for name, (value, update_op) in sorted(eval_metric_ops.items()):
-    eval_dict[name] = value
-    update_ops.append(update_op)
+  metrics = sorted(eval_metric_ops.items())
+  eval_dict = {name: value for name, (value, _) in metrics}
+  update_ops = [update_op for _, (_, update_op) in metrics]
   if _GLOBAL_STEP in eval_dict:
     raise ValueError(
         'Metric with name `global_step` is not allowed, because Estimator '

@@ -30,8 +30,10 @@ from typing import Any, Callable, Iterable
 from tpu_fc._tf import tf
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import exporters as exporter_lib
+from tpu_fc.estimator import hooks as hooks_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator.estimator import check_estimator
+from tpu_fc.estimator.estimator import check_positive
 
 _MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
@@ -62,24 +64,9 @@ def _validate_input_fn(input_fn):
 
 
 def _validate_hooks(hooks):
-  hooks = tuple(hooks or [])
-  for hook in hooks:
-    if not isinstance(hook, tf.compat.v1.train.SessionRunHook):
-      raise TypeError(
-          'All hooks must be `SessionRunHook` instances, given: {}'.format(
-              hook))
-  return hooks
-
-
-def _validate_saving_listeners(saving_listeners):
-  saving_listeners = tuple(saving_listeners or [])
-  for saving_listener in saving_listeners:
-    if not isinstance(saving_listener,
-                      tf.compat.v1.train.CheckpointSaverListener):
-      raise TypeError(
-          'All saving_listeners must be `CheckpointSaverListener` instances, '
-          'given: {}'.format(saving_listener))
-  return saving_listeners
+  return tuple(hooks_lib.checked_types(
+      hooks, tf.compat.v1.train.SessionRunHook,
+      'All hooks must be `SessionRunHook` instances, given: {}'))
 
 
 def _validate_exporters(exporters):
@@ -138,13 +125,14 @@ class TrainSpec(
               hooks: Iterable[Any] | None = None,
               saving_listeners: Iterable[Any] | None = None):
     _validate_input_fn(input_fn)
-    if max_steps is not None and max_steps <= 0:
-      raise ValueError(
-          'Must specify max_steps > 0, given: {}'.format(max_steps))
+    check_positive(max_steps, 'max_steps')
     return super(TrainSpec, cls).__new__(
         cls, input_fn=input_fn, max_steps=max_steps,
         hooks=_validate_hooks(hooks),
-        saving_listeners=_validate_saving_listeners(saving_listeners))
+        saving_listeners=tuple(hooks_lib.checked_types(
+            saving_listeners, tf.compat.v1.train.CheckpointSaverListener,
+            'All saving_listeners must be `CheckpointSaverListener` '
+            'instances, given: {}')))
 
 
 class EvalSpec(
@@ -189,8 +177,7 @@ class EvalSpec(
               start_delay_secs: float = 120,
               throttle_secs: float = 600):
     _validate_input_fn(input_fn)
-    if steps is not None and steps <= 0:
-      raise ValueError('Must specify steps > 0, given: {}'.format(steps))
+    check_positive(steps, 'steps')
     if name is not None and not isinstance(name, str):
       raise TypeError('`name` must be string, given: {}'.format(name))
     hooks = _validate_hooks(hooks)
@@ -214,12 +201,6 @@ def _as_spec(spec, spec_class, error):
   if _is_tensorflow_estimator_instance(spec, spec_class.__name__):
     return spec_class(**spec._asdict())
   raise TypeError(error.format(type(spec)))
-
-
-def _eval_spec(eval_spec):
-  return _as_spec(eval_spec, EvalSpec,
-                  '`eval_spec` must have type `tf.estimator.EvalSpec`. '
-                  'Got: {}')
 
 
 def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
@@ -247,7 +228,9 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
       training; in a cluster, no master or cluster to start this task's
       server with.
   """
-  eval_spec = _eval_spec(eval_spec)
+  eval_spec = _as_spec(
+      eval_spec, EvalSpec,
+      '`eval_spec` must have type `tf.estimator.EvalSpec`. Got: {}')
   executor = _TrainingExecutor(estimator, train_spec, eval_spec)
   config = estimator.config
   if config.task_type == 'evaluator' and config.task_id > 0:
@@ -444,7 +427,11 @@ class _TrainingExecutor(object):
 
   def _train_in_cluster(self, saving_listeners):
     config = self._estimator.config
-    if not _is_google_env():
+    tf_config = run_config.read_tf_config()
+    if not tf_config:
+      tf.compat.v1.logging.warn(
+          'TF_CONFIG should not be empty in distributed environment.')
+    if tf_config.get('environment') != 'google':  # else the manager starts it
       _start_std_server(config)
     if config.task_type == 'worker':
       max_delay_secs = _MAX_DELAY_SECS
@@ -497,22 +484,12 @@ class _TrainingExecutor(object):
           'it.')
 
 
-def _is_google_env():
-  """Whether TF_CONFIG says the cluster manager starts the servers."""
-  tf_config = run_config.read_tf_config()
-  if not tf_config:
-    tf.compat.v1.logging.warn(
-        'TF_CONFIG should not be empty in distributed environment.')
-  return tf_config.get('environment') == 'google'
-
-
 def _start_std_server(config):
-  """This task's server (shared with the estimator's), as Estimator started it."""
-  if (not config.cluster_spec or not config.task_type or
-      config.task_id is None):
-    raise RuntimeError('Could not start server; be sure to specify '
-                       'cluster_spec, task_type, and task in '
-                       'RunConfig or set the TF_CONFIG environment variable.')
+  """This task's server (shared with the estimator's), as Estimator started it.
+
+  Called only for a task of a cluster (`_TrainingExecutor.run`), which has a
+  cluster spec, task type and id.
+  """
   if not config.master:
     jobs = config.cluster_spec.jobs
     if (len(jobs) == 1 and len(config.cluster_spec.job_tasks(jobs[0])) == 1 and
