@@ -7,7 +7,9 @@ global batch, also across a killed and restarted worker or chief and a killed ps
 (the job stops, and resumes from its last checkpoint when run again).  A single
 host also restores the cluster's checkpoints, which convert to the mid-level
 format as a single host's do.  The asynchronous default runs
-in-process, the tasks' roles given by explicit `ClusterResolver`s.
+in-process, the tasks' roles given by explicit `ClusterResolver`s, and so does
+a synchronous chief alone (one replica: a single host's steps) whose model_fn
+has batch norm and may compute its loss with a Keras loss object.
 """
 import json
 import os
@@ -295,6 +297,53 @@ def test_sync_with_pipelined_tables_is_a_clear_error(tmp_path):
       embedding_config_spec=pipelined)
   with pytest.raises(ValueError, match='does not support pipeline_execution'):
     estimator.train(cluster_model.input_fn, max_steps=1)
+
+
+def _model_fn_with_batch_norm(features, labels, mode, params):
+  """A model_fn as users write them: batch norm, its moving statistics updated
+  before the train op, and the loss `params['loss']`."""
+  activations = tf.keras.layers.DenseFeatures([cluster_model.embedding_column()])(
+      features)
+  inputs = tf.concat([activations, features['x']], axis=1)
+  normalized = tf.compat.v1.layers.batch_normalization(inputs, training=True)
+  logits = tf.compat.v1.layers.dense(
+      normalized, 1, kernel_initializer=tf.compat.v1.constant_initializer(
+          [[0.3], [-0.2], [0.1]]))
+  loss = params['loss'](labels, logits)
+  optimizer = tf.compat.v1.train.AdagradOptimizer(cluster_model.LEARNING_RATE)
+  with tf.control_dependencies(
+      tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)):
+    train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+@pytest.mark.parametrize('loss', [
+    tf.compat.v1.losses.mean_squared_error,
+    tf.keras.losses.MeanSquaredError()], ids=['tf1_loss', 'keras_loss_object'])
+def test_sync_chief_alone_equals_one_host_with_batch_norm(tmp_path, loss):
+  """One replica: each step's average is the chief's own gradient, applied once.
+
+  The batch norm's moving statistics move once a step (the sync op runs no
+  forward pass of its own), and a Keras loss object builds as without
+  sync_replicas.
+  """
+  def train(model_dir, config):
+    tpu_fc.TPUEstimator(
+        _model_fn_with_batch_norm, use_tpu=False,
+        train_batch_size=cluster_model.BATCH, config=config,
+        embedding_config_spec=cluster_model.spec(),
+        params={'loss': loss}).train(cluster_model.input_fn, max_steps=3)
+    return checkpoint_values(model_dir)
+
+  one_host = train(tmp_path / 'one_host',
+                   tpu_fc.RunConfig(model_dir=str(tmp_path / 'one_host')))
+  spec = cluster.cluster_spec(num_ps=1, num_workers=0)
+  distributed.server(tpu_fc.RunConfig(cluster=_resolver(spec, 'ps', 0)))
+  synchronous = train(tmp_path / 'sync', tpu_fc.RunConfig(
+      cluster=_resolver(spec, 'chief', 0), model_dir=str(tmp_path / 'sync'),
+      sync_replicas=True))
+  assert synchronous['global_step'] == 3
+  assert_same_variables(synchronous, one_host)
 
 
 CLUSTER = {'chief': ['host0:2222'], 'ps': ['host1:2222', 'host2:2222'],
