@@ -277,7 +277,14 @@ class SyncReplicas:
 
   @contextlib.contextmanager
   def building(self):
-    """Routes the model's and the engine's updates here while the model is built."""
+    """Routes the model's and the engine's updates here while the model is built.
+
+    TF's one hook into every TF1 optimizer's `apply_gradients` is a current
+    `tf.distribute` strategy (its `merge_call`), but under any non-default
+    strategy a Keras `Loss` object with its default reduction raises: so
+    `Optimizer.apply_gradients` is replaced while the model_fn is built
+    (`test_sync_chief_alone_equals_one_host_with_batch_norm` holds both).
+    """
     original = internals.Optimizer.apply_gradients
 
     def apply_gradients(optimizer, grads_and_vars, global_step=None,
