@@ -30,52 +30,6 @@ from tpu_fc.lookup import host_engine
 from tpu_fc.lookup import inputs
 
 
-def _output_sequence_length(path, shape, value, num_cores):
-  """The sequence length an output shape (per core) makes of a RaggedTensor.
-
-  TF's rule (its CPU lookups'; a TPU reads the shape alike): a RaggedTensor
-  whose per-core batch is the output size is combined per example (0); one
-  whose per-core batch divides a larger output size is a sequence of output
-  size / batch ids per example (cut or padded to it).
-  """
-  size = shape.num_elements()
-  batch = value.shape[0]
-  if batch is None:
-    raise ValueError(
-        'Feature {}: its output_shape {} is read against the batch size of its '
-        'RaggedTensor (one activation per example, or a sequence per example), '
-        'but that batch size is not static. Batch the input with '
-        'drop_remainder=True, as a TPU needs.'.format(path, shape))
-  per_core = batch // num_cores
-  if size == per_core:
-    return 0
-  if size > per_core and per_core and size % per_core == 0:
-    return size // per_core
-  raise ValueError(
-      'Output shape set in the FeatureConfig should be the factor of the input '
-      'data batch size. But instead got output shape {}, input data batch size '
-      '{} (feature {}, per core of {}).'.format(shape, per_core, path,
-                                                num_cores))
-
-
-def _check_output_shape(path, feature):
-  """A `FeatureConfig.output_shape` the activations can take, or an error
-  (one not fully defined gets TF's error from `build`)."""
-  shape = feature.output_shape
-  if shape and (shape.rank < 1 or shape.num_elements() == 0):
-    raise ValueError(
-        'Feature {}: output_shape {} must have a batch dimension first and '
-        'hold an example, e.g. [batch] or [batch, sequence_length].'.format(
-            path, shape))
-
-
-def _not_fully_defined(path, output_shape):
-  return ValueError(  # TF's text
-      'Input Feature {} has output shape set as {} which is not fully '
-      'defined. Please specify the fully defined shape in either '
-      'FeatureConfig or for the build method.'.format(path, output_shape))
-
-
 def _as_a_tpu_creates_them(next_creator, **kwargs):
   """A variable creator refusing, with TF's error, a variable a TPU's sharded
   variable creator could not make (its initial value must be a partial of its
@@ -147,8 +101,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
                pipeline_execution_with_tensor_core: bool = False,
                num_cores: int = 1):
     named = internals.flatten_with_joined_string_paths(feature_config)
-    for path, feature in named:
-      _check_output_shape(path, feature)
+    inputs.check_output_shape_configs(named)
     # The config's structure in plain containers, for dequeue's result: an
     # attribute holds it wrapped (TF's tracking), and on TF 2.15 a tf.function
     # cannot return such a wrapper (wrapt's proxy breaks its type tracing).
@@ -167,8 +120,8 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     # at the first enqueue.
     self._layout = spec_lib.layout_of_mid_level(self._named)
     self._engine = None
-    self._first_sequence_lengths = {}  # what the first enqueue read its
-    # output shapes as (`_output_sequence_length`)
+    self._first_sequence_lengths = {}  # what the first enqueue made of the
+    # output shapes (`inputs.mid_level`)
     self._step = None  # what enqueue looked up, for dequeue / apply_gradients
 
   # Variables -------------------------------------------------------------------
@@ -235,9 +188,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if incoming is not None:
       self._check_output_shapes(incoming)
       self._update_output_shapes(incoming)
-    for path, shape in zip(self._paths, self._output_shapes):
-      if shape and not shape.is_fully_defined():
-        raise _not_fully_defined(path, shape)
+    inputs.check_output_shapes_defined(self._paths, self._output_shapes)
 
   def _maybe_build(self):
     if not self._built:
@@ -308,103 +259,14 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if weights is not None:
       tf.nest.assert_same_structure(self._feature_config, weights)
       flat_weights = dict(zip(self._paths, tf.nest.flatten(weights)))
-    shapes = {path: inputs.mid_level_shape(path, value, self._named[path],
-                                           self._num_cores)
-              for path, value in flat_inputs.items()}
-    self._check_output_shapes([shapes[path].output_shape
-                               for path in self._paths])
-    recorded = dict(zip(self._paths, self._output_shapes))
-    sequence_lengths = self._sequence_lengths(flat_inputs, recorded)
-    enqueued = inputs.mid_level(self._layout, self._named, flat_inputs,
-                                flat_weights, sequence_lengths)
-    lengths = {}
-    for path, shape in shapes.items():
-      if not recorded[path] and not shape.output_shape[1:].is_fully_defined():
-        raise _not_fully_defined(path, shape.output_shape)  # (TF's first
-        # enqueue builds with it; an unknown batch alone is accepted here)
-      lengths[path] = sequence_lengths.get(
-          path, 0 if shape.high_dimensional else
-          self._named[path].max_sequence_length)
-      self._check_static_examples(path, shape, recorded[path], lengths[path])
+    enqueued, activations = inputs.mid_level(
+        self._layout, self._named, flat_inputs, flat_weights,
+        dict(zip(self._paths, self._output_shapes)), self._num_cores,
+        self._first_sequence_lengths, self._check_output_shapes)
     lookup_step, lookups = self._engine.activations(enqueued, self._num_cores)
-    self._step = _Step(
-        lookup_step, {path: lookups[path] for path in self._paths},
-        {path: self._activation(path, lookups[path], shapes[path],
-                                recorded[path], lengths[path])
-         for path in self._paths}, training, _graph())
-
-  def _sequence_lengths(self, flat_inputs, recorded):
-    """{path: the sequence length its output shape makes of its input (0:
-    combined per example)} of the features whose `FeatureConfig` sets the
-    output shape (`max_sequence_length` is then ignored, as TF does) or whose
-    RaggedTensor is read against a recorded one (TF's rule,
-    `_output_sequence_length`); a sequence the first enqueue made of an
-    output shape stays one, as a TPU's build fixes it."""
-    lengths = {}
-    for path, value in flat_inputs.items():
-      config, shape = self._named[path], recorded[path]
-      if isinstance(value, tf.RaggedTensor) and shape and (
-          config.output_shape or not config.max_sequence_length):
-        lengths[path] = _output_sequence_length(path, shape, value,
-                                                self._num_cores)
-      elif config.output_shape:
-        lengths[path] = 0
-    for path, length in lengths.items():
-      first = self._first_sequence_lengths.setdefault(path, length)
-      if length != first:
-        raise ValueError(
-            'Feature {}: the first enqueue made its output_shape {} {}, this '
-            'one {}: the batch size changed. As on a TPU, whose build fixes '
-            'the output shapes, keep one batch size (drop_remainder=True).'
-            .format(path, recorded[path], _reading(first), _reading(length)))
-    return lengths
-
-  def _output_examples(self, path, output_shape, length):
-    """(examples a batch of `path` must have for its output_shape, the error
-    text for another batch size, with '{}' for it)."""
-    examples = self._num_cores * output_shape.num_elements() // max(length, 1)
-    return examples, (
-        'Feature {}: its output_shape {} holds {} examples on each of {} '
-        'core(s), but this batch has {{}} examples; batch the input to match '
-        'it.'.format(path, output_shape, examples // self._num_cores,
-                     self._num_cores))
-
-  def _check_static_examples(self, path, shape, output_shape, length):
-    """The examples check of `_activation` when tracing, if the input's
-    examples are static (the traced graph's own check could be optimized
-    away on them)."""
-    if not output_shape:
-      return
-    rows = shape.examples.num_elements()
-    examples, mismatch = self._output_examples(path, output_shape, length)
-    if rows is not None and rows != examples:
-      raise ValueError(mismatch.format(rows))
-
-  def _activation(self, path, value, shape, output_shape, length):
-    """An activation the tape sees only from here on (as on a TPU, where the
-    tables are not in the model's graph), its batch checked to split into
-    the emulated cores, in the feature's output shape (per core; the cores'
-    outputs one after another), or a high-dimensional input's `[batch, n,
-    ..., dim]`."""
-    rows = tf.shape(value, out_type=tf.int64)[0]
-    positions = shape.examples[1:].num_elements() or 1  # (per example)
-    checks = inputs.batch_checks(
-        path, rows // positions if positions > 1 else rows, self._num_cores)
-    if output_shape:
-      examples, mismatch = self._output_examples(path, output_shape, length)
-      checks.append(inputs.input_check(
-          tf.equal(rows, examples),
-          lambda: tf.strings.format(mismatch, rows)))
-    if checks:
-      with tf.control_dependencies(checks):
-        value = tf.identity(value)
-    if output_shape:
-      value = tf.reshape(value, [self._num_cores * output_shape[0]] +
-                         output_shape[1:].as_list() + value.shape[-1:].as_list())
-    elif shape.high_dimensional:
-      value = tf.reshape(value, [-1] + shape.examples[1:].as_list() +
-                         value.shape[-1:].as_list())
-    return tf.stop_gradient(value)
+    self._step = _Step(lookup_step, lookups,
+                       {path: activations[path](lookups[path])
+                        for path in self._paths}, training, _graph())
 
   @_not_autographed
   def dequeue(self, name: str | None = None) -> Any:
@@ -512,11 +374,6 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
           'tf.function): tpu_fc looks up on the host, with no TPU queue '
           'between functions.'.format(method))
     return self._step
-
-
-def _reading(sequence_length):
-  return ('a sequence of {} ids per example'.format(sequence_length)
-          if sequence_length else 'one combined activation per example')
 
 
 class _Step:

@@ -12,7 +12,9 @@ enqueue semantics of TF:
 * `mid_level` (TF's `TPUEmbedding.enqueue`): ids and the weights given beside
   them by feature path, with TF's checks and texts; dense ids go one per
   example (and position: `[batch, n, 1]`), sparse ones are combined over
-  their last dimension (`[batch, n, ids]`: high-dimensional inputs).
+  their last dimension (`[batch, n, ids]`: high-dimensional inputs); each
+  input is read against its feature's recorded output shape (TF's rules),
+  which its activation then takes.  `tpu_fc.mid_level` parses no input.
 
 Both drop negative ids (padding) with their weights, and a sequence feature's
 entries past its `max_sequence_length`.  The batch checks of a step and the
@@ -153,33 +155,102 @@ def as_sparse(name, value, keep_zero_ids, multivalent=False):
 # The mid-level enqueue (TF's TPUEmbedding.enqueue) ------------------------------
 
 
-class MidLevelShape(collections.namedtuple('MidLevelShape',
-                                           ['output_shape', 'examples'])):
-  """How TF's `enqueue` reads one feature's input: `output_shape`, its
-  per-core output shape (TF's `_get_input_shapes` and
-  `_get_output_shapes_from_input_shapes`), and `examples`, the static shape
-  (whole batch) of the examples the engine looks up for it: `[batch]`, or
-  `[batch, n, ...]` for a high-dimensional input, whose ids are combined over
-  its last dimension."""
+def check_output_shape_configs(named_configs):
+  """Raises for a `FeatureConfig.output_shape` (of the (path, config) pairs)
+  the activations cannot take; one not fully defined gets TF's error from
+  `build` (`check_output_shapes_defined`)."""
+  for path, config in named_configs:
+    shape = config.output_shape
+    if shape and (shape.rank < 1 or shape.num_elements() == 0):
+      raise ValueError(
+          'Feature {}: output_shape {} must have a batch dimension first and '
+          'hold an example, e.g. [batch] or [batch, sequence_length].'.format(
+              path, shape))
 
-  @property
-  def high_dimensional(self):
-    return self.examples.rank > 1
+
+def check_output_shapes_defined(paths, output_shapes):
+  """TF's error for a recorded output shape that is not fully defined (a
+  feature without one takes its enqueues')."""
+  for path, shape in zip(paths, output_shapes):
+    if shape and not shape.is_fully_defined():
+      raise _not_fully_defined(path, shape)
 
 
-def mid_level_shape(path, value, config, num_cores):
-  """The `MidLevelShape` of a feature's input on `num_cores` cores, with TF's
-  errors for a type or rank TF's `enqueue` refuses.
+def _not_fully_defined(path, output_shape):
+  return ValueError(  # TF's text
+      'Input Feature {} has output shape set as {} which is not fully '
+      'defined. Please specify the fully defined shape in either '
+      'FeatureConfig or for the build method.'.format(path, output_shape))
 
-  Dense ids hold one id per example and position (`[batch]`, `[batch, 1]`,
-  `[batch, n, 1]`, ...); sparse ones are combined over their last dimension
-  (`[batch, ids]`, `[batch, n, ids]`, ...); ragged ones are `[batch, ids]`.
-  A rank-2 sparse or ragged input of a sequence feature without an
-  `output_shape` is `[batch, max_sequence_length]`.  A batch that does not
-  split into the cores leaves the per-core batch unknown (the step's check
-  names it).
+
+def mid_level(layout, configs, values, weights, recorded, num_cores,
+              first_lengths, check_output_shapes):
+  """What a mid-level `enqueue` on `num_cores` cores gives the engine, with
+  TF's checks and texts: its `Enqueued`, and {path: a function of the
+  feature's looked-up rows giving the activation `dequeue` returns}.
+
+  `configs`, `values`, `weights` and `recorded` map each feature path, in
+  the feature config's order, to its `FeatureConfig`, its ids, the weights
+  given for them (or None) and its recorded per-core output shape (TF's
+  `_output_shapes`: a `FeatureConfig`'s or `build`'s); `check_output_shapes`
+  is TF's check of the output shapes the inputs give (a list in that order)
+  against the recorded ones.  `first_lengths` {path: sequence length} keeps
+  what the first enqueue made of a recorded output shape (a TPU's build
+  fixes it); this call adds its own.  A high-dimensional input's examples
+  are its `[batch, n, ...]` positions, one after another.
   """
-  _check_mid_level_type(path, value)
+  read = {path: _mid_level_shape(path, values[path], config, num_cores)
+          for path, config in configs.items()}
+  check_output_shapes([output_shape for output_shape, _ in read.values()])
+  lengths = {path: _sequence_length(path, values[path], config, read[path][1],
+                                    recorded[path], num_cores, first_lengths)
+             for path, config in configs.items()}
+  given = {path: (_mid_level_weights(path, weights[path], values[path], config,
+                                     lengths[path]),
+                  _mid_level_ids(path, values[path], config))
+           for path, config in configs.items()}
+  features = {}
+  for table in layout.tables:
+    for feature in layout.features_of(table.name):
+      feature_weights, ids = given[feature.name]
+      feature = dataclasses.replace(feature,
+                                    max_sequence_length=lengths[feature.name])
+      features[feature.name] = _feature_input(
+          feature, as_sparse(feature.name, ids,
+                             keep_zero_ids=table.combiner is None,
+                             multivalent=feature.is_sequence),
+          feature_weights)
+  enqueued = Enqueued(features, _ids_in_range(layout, features))
+  activations = {}
+  for path, (output_shape, examples) in read.items():
+    if not recorded[path] and not output_shape[1:].is_fully_defined():
+      raise _not_fully_defined(path, output_shape)  # (TF's first enqueue
+      # builds with it; an unknown batch alone is accepted here)
+    activations[path] = _mid_level_activation(
+        path, examples, recorded[path], lengths[path], num_cores)
+  return enqueued, activations
+
+
+def _mid_level_shape(path, value, config, num_cores):
+  """(per-core output shape, examples) of a feature's input on `num_cores`
+  cores, with TF's errors for a type or rank TF's `enqueue` refuses.
+
+  The output shape is TF's (its `_get_input_shapes` and
+  `_get_output_shapes_from_input_shapes`); `examples` is the static shape
+  (whole batch) of the examples the engine looks up: `[batch]`, or `[batch,
+  n, ...]` for a high-dimensional input, whose ids are combined over its last
+  dimension.  Dense ids hold one id per example and position (`[batch]`,
+  `[batch, 1]`, `[batch, n, 1]`, ...); sparse ones are combined over their
+  last dimension (`[batch, ids]`, `[batch, n, ids]`, ...); ragged ones are
+  `[batch, ids]`.  A rank-2 sparse or ragged input of a sequence feature
+  without an `output_shape` is `[batch, max_sequence_length]`.  A batch that
+  does not split into the cores leaves the per-core batch unknown (the
+  step's check names it).
+  """
+  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
+    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
+                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
+                         path, type(value)))
   shape = value.shape
   if shape.rank is None:
     raise ValueError(
@@ -219,41 +290,69 @@ def mid_level_shape(path, value, config, num_cores):
   if (examples.rank == 1 and not isinstance(value, tf.Tensor) and
       not config.output_shape and config.max_sequence_length > 0):
     output.append(config.max_sequence_length)
-  return MidLevelShape(tf.TensorShape(output), examples)
+  return tf.TensorShape(output), examples
 
 
-def mid_level(layout, configs, inputs, weights, sequence_lengths):
-  """The `Enqueued` of a mid-level `enqueue`, with TF's checks and texts.
+def _sequence_length(path, value, config, examples, output_shape, num_cores,
+                     first_lengths):
+  """The sequence length a feature is looked up with (0: combined per
+  example).
 
-  `configs`, `inputs` and `weights` map each feature path to its
-  `FeatureConfig`, its ids (their shapes checked by `mid_level_shape`) and
-  the weights given for them (or None); `sequence_lengths` maps the paths
-  whose output shape makes a sequence of a RaggedTensor (`tpu_fc.mid_level`)
-  to its length (0: combined per example).  A high-dimensional input's
-  examples are its `[batch, n, ...]` positions, one after another.
+  A feature whose `FeatureConfig` sets the output shape (`max_sequence_length`
+  is then ignored, as TF does), or whose RaggedTensor is read against a
+  recorded `output_shape`, takes what that shape makes of its input (TF's
+  rule, `_output_sequence_length`), as the first enqueue made it; else a
+  high-dimensional input (`examples` of rank > 1) takes 0, any other its
+  `max_sequence_length`.
   """
-  ids, given, lengths = {}, {}, dict(sequence_lengths)
-  for path, config in configs.items():
-    value = inputs[path]
-    if isinstance(value, tf.SparseTensor) and value.shape.rank > 2:
-      if config.max_sequence_length:
-        _log_max_sequence_length_ignored(path, value.shape.rank)
-      lengths[path] = 0  # TF's rule: combined over the last dimension
-    given[path] = _mid_level_weights(path, weights[path], value, config,
-                                     sequence_lengths.get(path))
-    ids[path] = _mid_level_ids(path, value, config)
-  features = {}
-  for table in layout.tables:
-    for feature in layout.features_of(table.name):
-      if feature.name in lengths:
-        feature = dataclasses.replace(
-            feature, max_sequence_length=lengths[feature.name])
-      features[feature.name] = _feature_input(
-          feature, as_sparse(feature.name, ids[feature.name],
-                             keep_zero_ids=table.combiner is None,
-                             multivalent=feature.is_sequence),
-          given[feature.name])
-  return Enqueued(features, _ids_in_range(layout, features))
+  if isinstance(value, tf.RaggedTensor) and output_shape and (
+      config.output_shape or not config.max_sequence_length):
+    length = _output_sequence_length(path, output_shape, value, num_cores)
+  elif config.output_shape:
+    length = 0
+  else:
+    return 0 if examples.rank > 1 else config.max_sequence_length
+  first = first_lengths.setdefault(path, length)
+  if length != first:
+    raise ValueError(
+        'Feature {}: the first enqueue made its output_shape {} {}, this '
+        'one {}: the batch size changed. As on a TPU, whose build fixes '
+        'the output shapes, keep one batch size (drop_remainder=True).'
+        .format(path, output_shape, _reading(first), _reading(length)))
+  return length
+
+
+def _output_sequence_length(path, shape, value, num_cores):
+  """The sequence length an output shape (per core) makes of a RaggedTensor.
+
+  TF's rule (its CPU lookups'; a TPU reads the shape alike): a RaggedTensor
+  whose per-core batch is the output size is combined per example (0); one
+  whose per-core batch divides a larger output size is a sequence of output
+  size / batch ids per example (cut or padded to it).
+  """
+  size = shape.num_elements()
+  batch = value.shape[0]
+  if batch is None:
+    raise ValueError(
+        'Feature {}: its output_shape {} is read against the batch size of its '
+        'RaggedTensor (one activation per example, or a sequence per example), '
+        'but that batch size is not static. Batch the input with '
+        'drop_remainder=True, as a TPU needs.'.format(path, shape))
+  per_core = batch // num_cores
+  if size == per_core:
+    return 0
+  if size > per_core and per_core and size % per_core == 0:
+    return size // per_core
+  raise ValueError(
+      'Output shape set in the FeatureConfig should be the factor of the input '
+      'data batch size. But instead got output shape {}, input data batch size '
+      '{} (feature {}, per core of {}).'.format(shape, per_core, path,
+                                                num_cores))
+
+
+def _reading(sequence_length):
+  return ('a sequence of {} ids per example'.format(sequence_length)
+          if sequence_length else 'one combined activation per example')
 
 
 @functools.lru_cache(maxsize=None)
@@ -263,17 +362,9 @@ def _log_max_sequence_length_ignored(path, rank):
       'max_sequence_length setting will be ignored.', path, rank)
 
 
-def _check_mid_level_type(path, value):
-  if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
-    raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
-                     'SparseTensor or RaggedTensor as input to enqueue.'.format(
-                         path, type(value)))
-
-
 def _mid_level_ids(path, value, config):
   """A feature's ids: ragged as given, sparse ones `[examples, ids]`, dense
   ones one per example."""
-  _check_mid_level_type(path, value)
   if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
     raise ValueError(
         'Input {}: the values contained by the inputs have type {} and cannot '
@@ -284,6 +375,9 @@ def _mid_level_ids(path, value, config):
   if isinstance(value, tf.SparseTensor):
     if value.shape.rank == 2:
       return value
+    if config.max_sequence_length:  # (TF's rule: combined over the last
+      # dimension)
+      _log_max_sequence_length_ignored(path, value.shape.rank)
     return tf.sparse.reshape(value, tf.stack(
         [tf.constant(-1, tf.int64), value.dense_shape[-1]]))
   if config.max_sequence_length > 0:
@@ -313,6 +407,47 @@ def _mid_level_weights(path, weight, value, config, sequence_length):
     raise ValueError('Weight specified for {}, but this is a sequence '
                      'feature.'.format(path))
   return tf.cast(weight.values, tf.float32)
+
+
+def _mid_level_activation(path, examples, output_shape, length, num_cores):
+  """The function making a feature's activation, as `dequeue` gives it, of
+  its looked-up rows (the tape sees it only from there on, as on a TPU,
+  whose tables are not in the model's graph).
+
+  The rows are checked to split into the emulated cores and, for a recorded
+  per-core `output_shape`, to be its examples (here already if `examples`,
+  the input's static shape, tells: the traced graph's own check could be
+  optimized away on them); they take that output shape (the cores' outputs
+  one after another), or a high-dimensional input's `[batch, n, ..., dim]`.
+  """
+  shape = [-1] + examples[1:].as_list() if examples.rank > 1 else None
+  if output_shape:
+    expected = num_cores * output_shape.num_elements() // max(length, 1)
+    mismatch = (
+        'Feature {}: its output_shape {} holds {} examples on each of {} '
+        'core(s), but this batch has {{}} examples; batch the input to match '
+        'it.'.format(path, output_shape, expected // num_cores, num_cores))
+    if examples.num_elements() not in (None, expected):
+      raise ValueError(mismatch.format(examples.num_elements()))
+    shape = [num_cores * output_shape[0]] + output_shape[1:].as_list()
+  positions = examples[1:].num_elements() or 1  # (per example)
+
+  def activation(rows_looked_up):
+    rows = tf.shape(rows_looked_up, out_type=tf.int64)[0]
+    checks = batch_checks(path, rows // positions if positions > 1 else rows,
+                          num_cores)
+    if output_shape:
+      checks.append(input_check(tf.equal(rows, expected),
+                                lambda: tf.strings.format(mismatch, rows)))
+    if checks:
+      with tf.control_dependencies(checks):
+        rows_looked_up = tf.identity(rows_looked_up)
+    if shape is not None:
+      rows_looked_up = tf.reshape(
+          rows_looked_up, shape + rows_looked_up.shape[-1:].as_list())
+    return tf.stop_gradient(rows_looked_up)
+
+  return activation
 
 
 # What both enqueue -------------------------------------------------------------
