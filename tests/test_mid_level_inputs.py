@@ -288,12 +288,12 @@ def _misuses():
 
   def non_tensor_gradient_before_any_enqueue():  # (TF's order)
     _, embedding = _embedding()
-    embedding.build()
+    embedding.build({'f': tf.TensorShape([BATCH, 2])})
     embedding.apply_gradients({'f': np.zeros([BATCH, 2], np.float32)})
 
   def gradients_of_another_structure_before_any_enqueue():
     _, embedding = _embedding()
-    embedding.build()
+    embedding.build({'f': tf.TensorShape([BATCH, 2])})
     embedding.apply_gradients([tf.zeros([BATCH, 2])])
 
   def slots_not_created_as_a_tpu_can():
@@ -303,7 +303,8 @@ def _misuses():
     tpu_fc.mid_level.TPUEmbedding(
         {'f': embedding_api.FeatureConfig(table=_table())},
         embedding_api.Adagrad(
-            0.1, slot_variable_creation_fn=slot_variable_creation_fn)).build()
+            0.1, slot_variable_creation_fn=slot_variable_creation_fn)).build(
+                {'f': tf.TensorShape([BATCH, 2])})
 
   return [
       (dense_ids_of_two_per_example, ValueError, r'Rank 2 or above dense '

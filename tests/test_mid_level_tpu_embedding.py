@@ -210,7 +210,9 @@ def test_checkpoints_restore_into_tfs_class_and_back(tmp_path, optimizer):
   assert {name for name, _ in tf.train.list_variables(path)} == keys
   back = tpu_fc.mid_level.TPUEmbedding(_feature_config(), optimizer())
   tf.train.Checkpoint(embedding=back).restore(path).assert_existing_objects_matched()
-  back.build()  # restored on creation, as TF's class is
+  back.build(tf.nest.map_structure(lambda value: value.shape,
+                                   _inputs('sparse')[0]))  # restored on
+  # creation, as TF's class is
   for name, variable in _named_variables(back).items():
     np.testing.assert_array_equal(variable.numpy(),
                                   theirs_variables[name].numpy(), err_msg=name)
@@ -342,8 +344,11 @@ def _misuse_cases():
     embedding.apply_gradients({'ids': tf.zeros([4, 2])})
 
   def dequeue_first(embedding):
-    embedding.build()
+    embedding.build({'ids': tf.TensorShape([4, 2])})
     embedding.dequeue()
+
+  def build_without_output_shapes(embedding):  # (TF's TPU class's error)
+    embedding.build()
 
   def wrong_structure(embedding):
     embedding.enqueue([inputs.contract_ids('sparse')])
@@ -397,6 +402,10 @@ def _misuse_cases():
       (unbuilt_apply, RuntimeError, 'apply_gradients called on unbuilt '
        'TPUEmbedding object. Please either call enqueue first'),
       (dequeue_first, RuntimeError, 'dequeue called before enqueue'),
+      (build_without_output_shapes, ValueError,
+       r'Input Feature ids has output shape set as <unknown> which is not '
+       r'fully defined\. Please specify the fully defined shape in either '
+       r'FeatureConfig or for the build method\.'),
       (wrong_structure, (ValueError, TypeError), 'structure'),
       (strings, ValueError, 'Input ids is of unknown type'),
       (dense_several_ids, ValueError, r'Rank 2 or above dense tensor should '

@@ -131,29 +131,39 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     """TF's `build`: records the output shapes `per_replica_input_shapes` (per
     core here; or the deprecated `per_replica_batch_size`) give where no
     `FeatureConfig.output_shape` sets them (TF's rules and errors), then
-    creates the tables and slots (TF's names) as on a TPU; enqueue calls it.
+    creates the tables and slots (TF's names) as on a TPU.  As TF's TPU
+    class, it needs every feature's output shape; the first `enqueue` (or
+    `embedding_tables`) builds without them, each enqueue giving its own.
 
     Variables restored from a checkpoint read before `build` take their
     values on creation.  A second call does nothing.
 
     Args:
       per_replica_input_shapes: a nest like `feature_config` of each input's
-        shape on one core (`tf.TensorShape`s or lists); an int is taken as
-        the per-core batch size (deprecated, logged); None: the shapes come
-        from `FeatureConfig.output_shape` or the first enqueue.
+        shape on one core (`tf.TensorShape`s, as TF takes them); an int is
+        taken as the per-core batch size (deprecated, logged); None: the
+        shapes come from `FeatureConfig.output_shape`.
       per_replica_batch_size: the per-core batch size, when
         `per_replica_input_shapes` is None (deprecated, logged).
 
     Raises:
       ValueError: a structure other than `feature_config`'s, shapes that do
-        not fit a feature's config (TF's rules), or an output shape that is
-        not fully defined; a `slot_variable_creation_fn` making variables a
-        TPU could not create (TF's error).
+        not fit a feature's config (TF's rules), or a feature whose output
+        shape is not fully defined (TF's TPU error, naming it); a
+        `slot_variable_creation_fn` making variables a TPU could not create
+        (TF's error).
     """
+    self._build(per_replica_input_shapes, per_replica_batch_size,
+                every_shape_known=True)
+
+  def _build(self, per_replica_input_shapes, per_replica_batch_size,
+             every_shape_known):
     if self._built:
       return
     self._record_output_shapes(per_replica_input_shapes,
                                per_replica_batch_size)
+    inputs.check_output_shapes_defined(self._paths, self._output_shapes,
+                                       unknown_rank_too=every_shape_known)
     with tf.variable_creator_scope(_as_a_tpu_creates_them):
       super().build()
     self._engine = host_engine.HostEmbeddingEngine(
@@ -188,12 +198,11 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if incoming is not None:
       self._check_output_shapes(incoming)
       self._update_output_shapes(incoming)
-    inputs.check_output_shapes_defined(self._paths, self._output_shapes)
 
   def _maybe_build(self):
     if not self._built:
       with tf.init_scope():  # variables outside any tf.function being traced
-        self.build()
+        self._build(None, None, every_shape_known=False)
 
   def _create_variables_and_slots(self):
     return {table.name: self._create_variables(table, trainable=True)

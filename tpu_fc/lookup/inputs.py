@@ -168,11 +168,12 @@ def check_output_shape_configs(named_configs):
               path, shape))
 
 
-def check_output_shapes_defined(paths, output_shapes):
-  """TF's error for a recorded output shape that is not fully defined (a
-  feature without one takes its enqueues')."""
+def check_output_shapes_defined(paths, output_shapes, unknown_rank_too):
+  """TF's error for a recorded output shape that is not fully defined; an
+  unknown one (no rank) passes unless `unknown_rank_too` (the feature then
+  takes each enqueue's input shape)."""
   for path, shape in zip(paths, output_shapes):
-    if shape and not shape.is_fully_defined():
+    if (shape or unknown_rank_too) and not shape.is_fully_defined():
       raise _not_fully_defined(path, shape)
 
 
