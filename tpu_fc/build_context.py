@@ -37,13 +37,10 @@ def building(mode):
   return _setting('mode', mode)
 
 
-def current_mode():
-  """The mode of the graph being built by tpu_fc, or None outside tpu_fc."""
-  return getattr(_state, 'mode', None)
-
-
 def is_inference():
-  return current_mode() in (EVAL, PREDICT)
+  """Whether tpu_fc is building an evaluation or prediction graph (None, the
+  mode outside tpu_fc, is not)."""
+  return getattr(_state, 'mode', None) in (EVAL, PREDICT)
 
 
 def tables_named_as_on_tpu():

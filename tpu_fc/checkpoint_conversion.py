@@ -109,8 +109,8 @@ def _read(path):
 
 def is_mid_level_checkpoint(prefix):
   """Whether the checkpoint at `prefix` holds mid-level `embedding/...` objects."""
-  names = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-  return _is_mid_level(names)
+  return _is_mid_level(
+      tf.train.load_checkpoint(prefix).get_variable_to_shape_map())
 
 
 def _is_object_based(path):
@@ -144,13 +144,16 @@ def _children(values, parent):
 
 
 def _table_parameters(spec, table):
-  """The tpu_fc Parameters that train `table` on the embedding core."""
-  return table.optimizer or optimizers.as_tpu_fc_parameters(
-      spec.optimization_parameters)
+  """The tpu_fc Parameters that train `table` on the embedding core (the spec
+  holds its optimizer as tpu_fc's already)."""
+  return table.optimizer or spec.optimization_parameters
 
 
-def _default_legacy_name(table, layout):
-  """The name TPUEstimator gave `table` in a `DenseFeatures` model (no record)."""
+def _legacy_name(table, layout, recorded):
+  """`table`'s legacy name: `recorded`'s, else the name TPUEstimator gave it in
+  a `DenseFeatures` model."""
+  if recorded.get(table.name):
+    return recorded[table.name]
   column = layout.features_of(table.name)[0].column
   return table.name if column is None else naming.default_legacy_table_name(
       column)
@@ -315,7 +318,8 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
       config.feature_config, config.optimizer))
   layout = spec.embedding_layout()
   _check_table_names(table_names, spec)
-  legacy_names = _find_legacy_names(values, layout, dict(table_names or {}))
+  table_names = dict(table_names or {})
+  legacy_names = _find_legacy_names(values, layout, table_names)
   new_values, carried = {}, set()
   for table in layout.tables:
     table_values, sources = _mid_level_table_values(
@@ -330,8 +334,7 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
     tensor_core_embedding, tensor_core_variables = _built(
         mid_level_lib.TPUEmbeddingV0(config.tensor_core_feature_config,
                                      config.optimizer))
-    tensor_core_names = _find_legacy_names(values, tensor_core,
-                                           dict(table_names or {}))
+    tensor_core_names = _find_legacy_names(values, tensor_core, table_names)
     for table in tensor_core.tables:
       name = tensor_core_names[table.name]
       _check_shape(table, name, values[name])
@@ -416,9 +419,9 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
     if table_key not in values:
       raise CheckpointConversionError(
           'Table {} is not in the mid-level checkpoint {} (it has {}).'.format(
-              table.name, source, _embedding_children(values)))
+              table.name, source, sorted(_children(values, EMBEDDING_KEY))))
     _check_shape(table, table_key, values[table_key])
-    legacy_name = recorded.get(table.name) or _default_legacy_name(table, layout)
+    legacy_name = _legacy_name(table, layout, recorded)
     legacy[legacy_name] = values[table_key]
     parameters = _table_parameters(spec, table)
     for suffix, slot in parameters.SLOTS:
@@ -432,8 +435,7 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   tensor_core = spec.tensor_core_layout()
   for table in tensor_core.tables:
     key = _object_key(TENSOR_CORE_KEY, table.name)
-    legacy_name = (recorded.get(table.name) or
-                   _default_legacy_name(table, tensor_core))
+    legacy_name = _legacy_name(table, tensor_core, recorded)
     if key in values:
       _check_shape(table, key, values[key])
       legacy[legacy_name] = values[key]
@@ -446,10 +448,6 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   global_step = values.get(_object_key(GLOBAL_STEP_KEY), np.int64(0))
   legacy[_GLOBAL_STEP_NAME] = np.int64(global_step)
   return _write_legacy(legacy, destination, int(global_step))
-
-
-def _embedding_children(values):
-  return sorted(_children(values, EMBEDDING_KEY))
 
 
 def _write_legacy(values, destination, global_step):
@@ -594,9 +592,8 @@ def inspect_checkpoint(path: str,
 
 def _looks_like_table(name, values):
   """A feature-column table name, or a variable with TPU-only slot suffixes."""
-  if naming.is_column_table(name):
-    return True
-  return any(name + '/' + suffix in values for suffix in _TPU_ONLY_SLOT_SUFFIXES)
+  return naming.is_column_table(name) or any(
+      name + '/' + suffix in values for suffix in _TPU_ONLY_SLOT_SUFFIXES)
 
 
 def _table_entry(name, value, slots, signatures):

@@ -20,7 +20,6 @@ and in `EmbeddingConfigSpec(feature_columns=...)`.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 from typing import Any, Callable, Sequence
 
@@ -95,14 +94,7 @@ def embedding_column(categorical_column: Any,
       embedding_lookup_device=embedding_lookup_device,
       tensor_core_shape=tensor_core_shape,
       use_safe_embedding_lookup=use_safe_embedding_lookup)
-  arguments = dict(
-      categorical_column=checked.categorical_column,
-      dimension=checked.dimension,
-      combiner=checked.combiner,
-      initializer=checked.initializer,
-      max_sequence_length=checked.get_max_sequence_length(),
-      learning_rate_fn=checked.get_learning_rate_fn(),
-      use_safe_embedding_lookup=checked.use_safe_embedding_lookup)
+  arguments = _embedding_column_arguments(checked)
   if not embedding_lookup_device:
     return EmbeddingColumn(**arguments)
   return DeviceSpecificEmbeddingColumn(
@@ -155,15 +147,7 @@ def shared_embedding_columns(
       use_safe_embedding_lookup=use_safe_embedding_lookup)
   columns = []
   for column in checked:
-    arguments = dict(
-        categorical_column=column.categorical_column,
-        shared_embedding_column_creator=column.shared_embedding_column_creator,
-        combiner=column.combiner,
-        initializer=column.get_initializer(),
-        shared_embedding_collection_name=column.get_embedding_var_name(),
-        max_sequence_length=column.get_max_sequence_length(),
-        learning_rate_fn=column.get_learning_rate_fn(),
-        use_safe_embedding_lookup=column.use_safe_embedding_lookup)
+    arguments = _shared_embedding_column_arguments(column)
     if embedding_lookup_device:
       columns.append(SharedDeviceSpecificEmbeddingColumn(
           embedding_lookup_device=embedding_lookup_device,
@@ -171,6 +155,31 @@ def shared_embedding_columns(
     else:
       columns.append(SharedEmbeddingColumn(**arguments))
   return columns
+
+
+def _embedding_column_arguments(column):
+  """Constructor keyword arguments that rebuild a TPU embedding column (TF's
+  or tpu_fc's), its lookup device aside."""
+  return dict(
+      categorical_column=column.categorical_column, dimension=column.dimension,
+      combiner=column.combiner, initializer=column.initializer,
+      max_sequence_length=column.get_max_sequence_length(),
+      learning_rate_fn=column.get_learning_rate_fn(),
+      use_safe_embedding_lookup=column.use_safe_embedding_lookup,
+      bypass_scope_validation=column._bypass_scope_validation)  # pylint: disable=protected-access
+
+
+def _shared_embedding_column_arguments(column):
+  """Constructor keyword arguments that rebuild a TPU shared embedding column
+  (TF's or tpu_fc's), its lookup device aside."""
+  return dict(
+      categorical_column=column.categorical_column,
+      shared_embedding_column_creator=column.shared_embedding_column_creator,
+      combiner=column.combiner, initializer=column.get_initializer(),
+      shared_embedding_collection_name=column.get_embedding_var_name(),
+      max_sequence_length=column.get_max_sequence_length(),
+      learning_rate_fn=column.get_learning_rate_fn(),
+      use_safe_embedding_lookup=column.use_safe_embedding_lookup)
 
 
 _SEGMENT_REDUCTIONS = {'sum': tf.sparse.segment_sum,
@@ -245,16 +254,15 @@ def _rebuild(cls, arguments):
   return cls(**arguments)
 
 
-def _deepcopy_sharing_creator(column, memo):
-  """Copies a shared column; the creator owns the one table, so copies keep sharing it."""
-  memo[id(column.shared_embedding_column_creator)] = (
-      column.shared_embedding_column_creator)
-  return _TpuFcColumnMixin.__deepcopy__(column, memo)
-
-
 class _SharedTpuFcColumnMixin(_TpuFcColumnMixin):
   """A shared column's CPU lookup, through `_inference_lookup` (TF's shared
   column calls the safe lookup itself, not through the helper)."""
+
+  def __deepcopy__(self, memo):
+    """The creator owns the one table, so copies keep sharing it."""
+    memo[id(self.shared_embedding_column_creator)] = (
+        self.shared_embedding_column_creator)
+    return super().__deepcopy__(memo)
 
   def _looks_up_on_cpu(self):
     """Whether this is an inference graph where TF's column would run its CPU
@@ -276,7 +284,28 @@ class _SharedTpuFcColumnMixin(_TpuFcColumnMixin):
 
 
 class _DeviceMixin(_TpuFcColumnMixin):
-  """Per-instance lookup device; host lookup for 'cpu' columns outside training."""
+  """Per-instance lookup device; host lookup for 'cpu' columns outside training.
+
+  A subclass names its column without a device in `_UNDEVICED`, whose
+  constructor it runs: TF's device-specific one stores the device on the class.
+  """
+  _UNDEVICED = None
+
+  def __new__(cls, embedding_lookup_device, tensor_core_shape=None, **arguments):
+    del embedding_lookup_device, tensor_core_shape  # kept per instance, in __init__
+    return cls._UNDEVICED.__new__(cls, **arguments)
+
+  def __init__(self, embedding_lookup_device, tensor_core_shape=None, **arguments):
+    self._UNDEVICED.__init__(self, **arguments)
+    self._embedding_lookup_device = {
+        name: device for device, name in _DEVICE_NAMES.items()
+    }[embedding_lookup_device]
+    self._tensor_core_shape = tensor_core_shape
+
+  def _new_args(self):
+    return dict(self._UNDEVICED._new_args(self),
+                embedding_lookup_device=self.embedding_lookup_device,
+                tensor_core_shape=self.tensor_core_shape)
 
   @property
   def embedding_lookup_device(self):
@@ -289,10 +318,6 @@ class _DeviceMixin(_TpuFcColumnMixin):
   def _host_lookup_allowed(self):
     return (self._embedding_lookup_device == internals.EmbeddingDevice.CPU and
             build_context.is_inference())
-
-
-def _device_enum(device):
-  return {v: k for k, v in _DEVICE_NAMES.items()}[device]
 
 
 def _tpu_table_scope(column, state_manager):
@@ -344,67 +369,43 @@ def _record_table_name(column, state_manager, validate_scope=False):
   names[var_name] = (scope, naming.COLUMN_TABLE)
 
 
-@contextlib.contextmanager
-def _named_as_on_tpu(column, state_manager):
-  """Around the CPU path's `create_state`: in a CPU graph of a TPU-trained
-  model (`build_context.tables_named_as_on_tpu`), the table gets the name its
-  TPU training recorded.
+def _create_embedding_core_state(column, state_manager, tf_create_state):
+  """An embedding-core column's `create_state`: in TPU mode, the table's name
+  recorded; on the CPU path, TF's `tf_create_state`.
 
-  TF2's `DenseFeatures` names its variables by the enclosing name scopes (a
-  Keras `Sequential`'s, a subclassed model's, a `tf.name_scope`'s), which a
-  TPU's record, by variable scope, leaves out; the table is made in that
-  record's name scope instead.  (Layers naming by variable scope, v1
-  `DenseFeatures` and `SequenceFeatures`, already give that name.)
+  In a CPU graph of a TPU-trained model (`build_context.tables_named_as_on_tpu`),
+  the table gets the name its TPU training recorded: TF2's `DenseFeatures`
+  names its variables by the enclosing name scopes (a Keras `Sequential`'s, a
+  subclassed model's, a `tf.name_scope`'s), which a TPU's record, by variable
+  scope, leaves out; the table is made in that record's name scope instead.
+  (Layers naming by variable scope, v1 `DenseFeatures` and `SequenceFeatures`,
+  already give that name.)
   """
+  if not internals.is_running_on_cpu():
+    return _record_table_name(
+        column, state_manager,
+        validate_scope=not column._bypass_scope_validation)  # pylint: disable=protected-access
   if not build_context.names_tables_as_on_tpu():
-    yield
-    return
+    return tf_create_state(state_manager)
   with tf.compat.v1.name_scope(_tpu_table_scope(column, state_manager) + '/'):
-    yield
-
-
-def _in_tpu_mode():
-  return not internals.is_running_on_cpu()
+    return tf_create_state(state_manager)
 
 
 class EmbeddingColumn(_TpuFcColumnMixin, internals.TPUEmbeddingColumnV2):
   """`embedding_column` without a lookup device: embedding core to train, CPU to serve."""
 
   def create_state(self, state_manager):
-    if _in_tpu_mode():
-      return _record_table_name(
-          self, state_manager,
-          validate_scope=not self._bypass_scope_validation)
-    with _named_as_on_tpu(self, state_manager):
-      return super().create_state(state_manager)
+    return _create_embedding_core_state(self, state_manager,
+                                        super().create_state)
 
   def _new_args(self):
-    return dict(
-        categorical_column=self.categorical_column, dimension=self.dimension,
-        combiner=self.combiner, initializer=self.initializer,
-        max_sequence_length=self.get_max_sequence_length(),
-        learning_rate_fn=self.get_learning_rate_fn(),
-        use_safe_embedding_lookup=self.use_safe_embedding_lookup,
-        bypass_scope_validation=self._bypass_scope_validation)
+    return _embedding_column_arguments(self)
 
 
 class DeviceSpecificEmbeddingColumn(_DeviceMixin,
                                     internals.TPUDeviceSpecificEmbeddingColumnV2):
   """`embedding_column` pinned to one lookup device."""
-
-  def __new__(cls, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    del embedding_lookup_device, tensor_core_shape  # kept per instance, in __init__
-    return internals.TPUEmbeddingColumnV2.__new__(cls, **arguments)
-
-  def __init__(self, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    internals.TPUEmbeddingColumnV2.__init__(self, **arguments)
-    self._embedding_lookup_device = _device_enum(embedding_lookup_device)
-    self._tensor_core_shape = tensor_core_shape
-
-  def _new_args(self):
-    return dict(EmbeddingColumn._new_args(self),
-                embedding_lookup_device=self.embedding_lookup_device,
-                tensor_core_shape=self.tensor_core_shape)
+  _UNDEVICED = EmbeddingColumn
 
   def get_dense_tensor(self, transformation_cache, state_manager):
     if self._host_lookup_allowed():
@@ -424,12 +425,8 @@ class DeviceSpecificEmbeddingColumn(_DeviceMixin,
     if (self._embedding_lookup_device !=
         internals.EmbeddingDevice.TPU_EMBEDDING_CORE):  # no TPU record
       return super().create_state(state_manager)
-    if _in_tpu_mode():
-      return _record_table_name(
-          self, state_manager,
-          validate_scope=not self._bypass_scope_validation)
-    with _named_as_on_tpu(self, state_manager):
-      return super().create_state(state_manager)
+    return _create_embedding_core_state(self, state_manager,
+                                        super().create_state)
 
 
 class SharedEmbeddingColumn(_SharedTpuFcColumnMixin,
@@ -437,40 +434,14 @@ class SharedEmbeddingColumn(_SharedTpuFcColumnMixin,
   """One of `shared_embedding_columns` without a lookup device."""
 
   def _new_args(self):
-    return dict(
-        categorical_column=self.categorical_column,
-        shared_embedding_column_creator=self.shared_embedding_column_creator,
-        combiner=self.combiner, initializer=self.get_initializer(),
-        shared_embedding_collection_name=self.get_embedding_var_name(),
-        max_sequence_length=self.get_max_sequence_length(),
-        learning_rate_fn=self.get_learning_rate_fn(),
-        use_safe_embedding_lookup=self.use_safe_embedding_lookup)
-
-  def __deepcopy__(self, memo):
-    return _deepcopy_sharing_creator(self, memo)
+    return _shared_embedding_column_arguments(self)
 
 
 class SharedDeviceSpecificEmbeddingColumn(
     _DeviceMixin, _SharedTpuFcColumnMixin,
     internals.TPUSharedDeviceSpecificEmbeddingColumnV2):
   """One of `shared_embedding_columns` pinned to one lookup device."""
-
-  def __new__(cls, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    del embedding_lookup_device, tensor_core_shape  # kept per instance, in __init__
-    return internals.TPUSharedEmbeddingColumnV2.__new__(cls, **arguments)
-
-  def __init__(self, embedding_lookup_device, tensor_core_shape=None, **arguments):
-    internals.TPUSharedEmbeddingColumnV2.__init__(self, **arguments)
-    self._embedding_lookup_device = _device_enum(embedding_lookup_device)
-    self._tensor_core_shape = tensor_core_shape
-
-  def _new_args(self):
-    return dict(SharedEmbeddingColumn._new_args(self),
-                embedding_lookup_device=self.embedding_lookup_device,
-                tensor_core_shape=self.tensor_core_shape)
-
-  def __deepcopy__(self, memo):
-    return _deepcopy_sharing_creator(self, memo)
+  _UNDEVICED = SharedEmbeddingColumn
 
   def _looks_up_on_cpu(self):
     # TF's own refuses a 'cpu' column outside inference, also on a CPU.

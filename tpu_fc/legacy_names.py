@@ -92,7 +92,11 @@ class _Namespace(types.ModuleType):
 
 
 def _attribute_getter(getter, name):
-  """A lazy getter of `getter().name` (None where there is none)."""
+  """A lazy getter of `getter().name` (None where there is none); None
+  without `getter`."""
+  if getter is None:
+    return None
+
   def get():
     owner = getter()
     return getattr(owner, name, None) if owner is not None else None
@@ -118,18 +122,16 @@ def _estimator_namespace(name, original, v1):
   of TF 1's API, with `inputs`)."""
   from tpu_fc import estimator  # pylint: disable=g-import-not-at-top  (the driver imports tpu_fc)
   from tpu_fc.estimator import early_stopping  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import extenders  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
   original_getter = _module_getter(original) if original is not None else None
-  tpu_getter = (_attribute_getter(original_getter, 'tpu')
-                if original_getter else None)
-  tpu_experimental_getter = (_attribute_getter(tpu_getter, 'experimental')
-                             if tpu_getter else None)
+  tpu_getter = _attribute_getter(original_getter, 'tpu')
   tpu_experimental = _Namespace(
       name + '.tpu.experimental',
       {'EmbeddingConfigSpec': spec.EmbeddingConfigSpec},
-      tpu_experimental_getter)
+      _attribute_getter(tpu_getter, 'experimental'))
   tpu = _Namespace(name + '.tpu', dict(
       TPUEstimator=estimator.TPUEstimator,
       TPUEstimatorSpec=estimator.TPUEstimatorSpec,
@@ -139,10 +141,8 @@ def _estimator_namespace(name, original, v1):
       experimental=tpu_experimental), tpu_getter)
   export = _Namespace(name + '.export', {
       n: getattr(export_lib, n) for n in _EXPORT_NAMES},
-                      _attribute_getter(original_getter, 'export')
-                      if original_getter else None)
-  experimental_getter = (_attribute_getter(original_getter, 'experimental')
-                         if original_getter else None)
+                      _attribute_getter(original_getter, 'export'))
+  experimental_getter = _attribute_getter(original_getter, 'experimental')
   names = dict(
       tpu=tpu, export=export, ModeKeys=estimator.ModeKeys,
       EstimatorSpec=estimator.EstimatorSpec,
@@ -161,17 +161,10 @@ def _estimator_namespace(name, original, v1):
                                          original_getter))
   if v1:
     names['inputs'] = _Namespace(
-        name + '.inputs', {},
-        _attribute_getter(original_getter, 'inputs') if original_getter
-        else None, dict(numpy_input_fn=inputs.numpy_input_fn,
-                        pandas_input_fn=inputs.pandas_input_fn))
-  return _Namespace(name, names, original_getter, _estimator_defaults())
-
-
-def _estimator_defaults():
-  """`tf.estimator` names for TPUEstimator scripts, where TF has none of its own."""
-  from tpu_fc import estimator  # pylint: disable=g-import-not-at-top
-  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+        name + '.inputs', {}, _attribute_getter(original_getter, 'inputs'),
+        dict(numpy_input_fn=inputs.numpy_input_fn,
+             pandas_input_fn=inputs.pandas_input_fn))
+  # The names TPUEstimator scripts need around it, where TF has none of its own.
   defaults = {name: getattr(tf.compat.v1.train, name)
               for name in _SESSION_RUN_HOOK_NAMES}
   defaults.update(
@@ -181,7 +174,7 @@ def _estimator_defaults():
       BestExporter=estimator.BestExporter, RunConfig=estimator.RunConfig,
       WarmStartSettings=estimator_lib.WarmStartSettings,
       VocabInfo=tf.compat.v1.train.VocabInfo)
-  return defaults
+  return _Namespace(name, names, original_getter, defaults)
 
 
 def _for_tpu_fc_estimators(function, original_getter):

@@ -29,18 +29,13 @@ def table_of_column(column):
   return TABLE_PREFIX + column.get_embedding_var_name()
 
 
-def column_table(column_name):
-  """A (non-shared) column's variable name below the enclosing scopes."""
-  return '{}/{}'.format(column_name, COLUMN_TABLE)
-
-
 def column_variable(column):
   """A TPU column's table variable below any enclosing scope: a shared
   collection's name (no layer scope either), else `<column>/embedding_weights`
   (below its layer's scope)."""
   if getattr(column, 'shared_embedding_column_creator', None) is not None:
     return column.get_embedding_var_name()
-  return column_table(column.name)
+  return '{}/{}'.format(column.name, COLUMN_TABLE)
 
 
 def tf_tpu_layer_table_name(name):

@@ -121,9 +121,10 @@ class FeatureConfig(collections.namedtuple(
     return super().__new__(cls, table_id, max_sequence_length, weight_key)
 
 
-def _is_legacy_config(config, cls):
-  """True for tpu_fc's v1 config or TF 2.15's twin (same namedtuple fields)."""
-  return (isinstance(config, cls) or
+def _is_config(config, cls):
+  """True for tpu_fc's v1 config, TF 2.15's twin (same namedtuple fields) or
+  the mid-level config of that name."""
+  return (isinstance(config, cls) or _is_mid_level(config, cls.__name__) or
           (type(config).__name__ == cls.__name__ and
            getattr(config, '_fields', None) == cls._fields))
 
@@ -318,13 +319,12 @@ def _check_frequency_estimator_tables(layout, default_parameters):
 def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   tables = {name: _table_spec_from_config(name, config)
             for name, config in table_to_config_dict.items()}
-  features = {}
-  for name, config in feature_to_config_dict.items():
-    mid_level = _is_mid_level(config, 'FeatureConfig')
-    features[name] = FeatureSpec(
-        name=name, table=_table_key_of(config, table_to_config_dict),
-        max_sequence_length=config.max_sequence_length,
-        weight_key=None if mid_level else config.weight_key)
+  features = {name: FeatureSpec(
+      name=name, table=_table_key_of(config, table_to_config_dict),
+      max_sequence_length=config.max_sequence_length,
+      weight_key=(None if _is_mid_level(config, 'FeatureConfig') else
+                  config.weight_key))
+              for name, config in feature_to_config_dict.items()}
   return _sorted_layout(tables, features)
 
 
@@ -424,7 +424,11 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
     _check_step_function(experimental_gradient_multiplier_fn,
                          'experimental_gradient_multiplier_fn')
     given_optimizer = optimization_parameters
-    optimization_parameters = _as_supported_optimizer(optimization_parameters)
+    # tpu_fc's parameters for TF 2.15's or mid-level optimizers; others unchanged.
+    optimization_parameters = (
+        optimizers.from_mid_level(optimization_parameters)
+        if isinstance(optimization_parameters, internals.MidLevelOptimizer)
+        else optimizers.as_tpu_fc_parameters(optimization_parameters))
     tensor_core_feature_columns = None
     embedding_core_feature_columns = None
     if feature_columns:
@@ -445,8 +449,7 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
                                               type(given_optimizer)))
     else:
       for feature, config in feature_to_config_dict.items():
-        if not (_is_legacy_config(config, FeatureConfig) or
-                _is_mid_level(config, 'FeatureConfig')):
+        if not _is_config(config, FeatureConfig):
           raise TypeError(
               'Config for feature {} must be of type `FeatureConfig`. Got {}'
               .format(feature, type(config)))
@@ -457,8 +460,7 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
                                feature, table_id if table_id is not None
                                else config.table.name))
       for table, config in table_to_config_dict.items():
-        if not (_is_legacy_config(config, TableConfig) or
-                _is_mid_level(config, 'TableConfig')):
+        if not _is_config(config, TableConfig):
           raise TypeError(
               'Config for table {} must be of type `TableConfig`. Got '
               '{}'.format(table, type(config)))
@@ -524,14 +526,29 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         as TF 2.15's, also takes embedding and numeric columns), or a
         column's `learning_rate_fn` that is not callable.
     """
-    return to_mid_level(self, global_step)
-
-
-def _as_supported_optimizer(optimization_parameters):
-  """tpu_fc parameters for TF 2.15's or mid-level optimizers; others unchanged."""
-  if isinstance(optimization_parameters, internals.MidLevelOptimizer):
-    return optimizers.from_mid_level(optimization_parameters)
-  return optimizers.as_tpu_fc_parameters(optimization_parameters)
+    parameters = self.optimization_parameters
+    layout = self.embedding_layout()  # (without parameters, every table has its own)
+    optimizer = None if parameters is None else parameters.to_mid_level()
+    tensor_core = self.tensor_core_layout()
+    multiplier_fn = self.experimental_gradient_multiplier_fn
+    tables = _mid_level_tables(layout, parameters, optimizer, global_step)
+    tensor_core_tables = _mid_level_tables(tensor_core, parameters, optimizer,
+                                           global_step)
+    if multiplier_fn is not None:
+      _warn_once(
+          'experimental_gradient_multiplier_fn has no mid-level setting: pass '
+          'the activation gradients through MidLevelConfig.scale_gradients '
+          'before TPUEmbedding.apply_gradients to keep it.')
+    return MidLevelConfig(
+        feature_config=_mid_level_features(layout, tables),
+        optimizer=optimizer,
+        tensor_core_feature_config=_mid_level_features(tensor_core,
+                                                       tensor_core_tables),
+        tables=[t for _, t in sorted({**tables, **tensor_core_tables}.items())],
+        weight_keys={f.name: f.weight_key for f in layout.features
+                     if f.weight_key},
+        gradient_multiplier=(None if multiplier_fn is None else
+                             GlobalStepFunction(multiplier_fn, global_step)))
 
 
 class GlobalStepFunction:
@@ -683,30 +700,3 @@ def _mid_level_features(layout, tables):
 def _warn_once(message):
   tf.compat.v1.logging.warning(message)
 
-
-def to_mid_level(spec: EmbeddingConfigSpec,
-                 global_step: tf.Variable | None = None) -> MidLevelConfig:
-  """Builds the `MidLevelConfig` of `spec`; see `EmbeddingConfigSpec.to_mid_level`."""
-  parameters = spec.optimization_parameters
-  layout = spec.embedding_layout()  # (without parameters, every table has its own)
-  optimizer = None if parameters is None else parameters.to_mid_level()
-  tensor_core = spec.tensor_core_layout()
-  multiplier_fn = spec.experimental_gradient_multiplier_fn
-  tables = _mid_level_tables(layout, parameters, optimizer, global_step)
-  tensor_core_tables = _mid_level_tables(tensor_core, parameters, optimizer,
-                                         global_step)
-  if multiplier_fn is not None:
-    _warn_once(
-        'experimental_gradient_multiplier_fn has no mid-level setting: pass the '
-        'activation gradients through MidLevelConfig.scale_gradients before '
-        'TPUEmbedding.apply_gradients to keep it.')
-  return MidLevelConfig(
-      feature_config=_mid_level_features(layout, tables),
-      optimizer=optimizer,
-      tensor_core_feature_config=_mid_level_features(tensor_core,
-                                                     tensor_core_tables),
-      tables=[t for _, t in sorted({**tables, **tensor_core_tables}.items())],
-      weight_keys={f.name: f.weight_key for f in layout.features
-                   if f.weight_key},
-      gradient_multiplier=(None if multiplier_fn is None else
-                           GlobalStepFunction(multiplier_fn, global_step)))
