@@ -1,4 +1,5 @@
 """`python -m tpu_fc demo`, the README's main command, on a few steps."""
+import logging
 import math
 import os
 import re
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from tpu_fc import demo
+from tpu_fc._tf import tf
 
 
 def test_demo_trains_exports_and_serves(tmp_path, capsys):
@@ -54,3 +56,17 @@ def test_demo_removes_its_temporary_dir_on_error(temp_root):
   with pytest.raises(ValueError, match='Must specify steps > 0'):
     demo.main(steps=0)  # fails in train(), after evaluate() wrote to the dir
   assert not list(temp_root.iterdir())
+
+
+def test_demo_gives_tfs_logger_its_level_back(temp_root):
+  """The demo quiets TF's logger while it runs, not for its caller after it
+  (a test's log capture, say), even when it fails."""
+  logger = tf.get_logger()
+  before = logger.level
+  logger.setLevel(logging.INFO)
+  try:
+    with pytest.raises(ValueError, match='Must specify steps > 0'):
+      demo.main(steps=0)
+    assert logger.level == logging.INFO
+  finally:
+    logger.setLevel(before)

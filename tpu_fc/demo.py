@@ -197,12 +197,21 @@ Result = collections.namedtuple('Result', [
 
 
 def main(model_dir=None, steps=300):
-  """Runs the demo in `model_dir`, or in a temporary dir removed at the end."""
-  tf.get_logger().setLevel('ERROR')  # TF's deprecation chatter hides the demo
-  if model_dir:
-    return _run(model_dir, steps, temporary=False)
-  with tempfile.TemporaryDirectory(prefix='tpu_fc_demo_') as temporary_dir:
-    return _run(temporary_dir, steps, temporary=True)
+  """Runs the demo in `model_dir`, or in a temporary dir removed at the end.
+
+  TF's logger shows errors only meanwhile (its deprecation chatter hides the
+  demo); its level is the caller's again afterwards.
+  """
+  logger = tf.get_logger()
+  level = logger.level
+  logger.setLevel('ERROR')
+  try:
+    if model_dir:
+      return _run(model_dir, steps, temporary=False)
+    with tempfile.TemporaryDirectory(prefix='tpu_fc_demo_') as temporary_dir:
+      return _run(temporary_dir, steps, temporary=True)
+  finally:
+    logger.setLevel(level)
 
 
 def _print_metrics(when, metrics):
