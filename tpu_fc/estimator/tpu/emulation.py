@@ -19,26 +19,13 @@ from tpu_fc.estimator.tpu import tpu_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
 from tpu_fc.lookup import sparse_update
 
-_logged_once = []
-
-
-def log_emulation_once():
-  if not _logged_once:
-    _logged_once.append(True)
-    tf.compat.v1.logging.warning(
-        'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
-        'TPU update rules, model_fn per shard).')
-
-
-# The name scope of what the emulated TPU builds before a model_fn (lookups,
-# per-shard slices, prediction padding): as TF's infeed and dataset functions,
-# it takes no root name, so the model's scopes and variables get the names
-# they get elsewhere (a root `sub` op would make a model named `Sub` `Sub_1`).
-INFEED_SCOPE = 'tpu_fc_infeed'
-
-
 def infeed_scope():
-  return tf.name_scope(INFEED_SCOPE)
+  """The name scope of what the emulated TPU builds before a model_fn (lookups,
+  per-shard slices, prediction padding): as TF's infeed and dataset functions,
+  it takes no root name, so the model's scopes and variables get the names
+  they get elsewhere (a root `sub` op would make a model named `Sub` `Sub_1`).
+  """
+  return tf.name_scope('tpu_fc_infeed')
 
 
 def predict_padded(build, features, batch_size):
@@ -232,10 +219,10 @@ def _localize_dummies(graph):
   global_variables = graph.get_collection_ref(
       tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
   dummies = [v for v in global_variables if naming.is_dummy(v.op.name)]
-  dummy_ids = {id(v) for v in dummies}
-  global_variables[:] = [v for v in global_variables if id(v) not in dummy_ids]
-  for variable in dummies:
-    graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, variable)
+  global_variables[:] = [v for v in global_variables
+                         if not naming.is_dummy(v.op.name)]
+  graph.get_collection_ref(tf.compat.v1.GraphKeys.LOCAL_VARIABLES).extend(
+      dummies)
 
 
 def _checkpoint_names(backends, graph):
@@ -277,7 +264,10 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
     tables and slots under the names the columns recorded, the model's
     variables under their own) and whose `before_save` has the backends'.
   """
-  log_emulation_once()
+  tf.compat.v1.logging.log_first_n(
+      tf.compat.v1.logging.WARN,
+      'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
+      'TPU update rules, model_fn per shard).', 1)
   training = mode == model_fn.ModeKeys.TRAIN
   steps, activations = [], [{} for _ in range(num_shards)]
   for backend in backends:
@@ -294,15 +284,13 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   if labels is not None:
     _check_static_shapes(labels, 'labels')
 
-  def slice_of(value, shard, name='Labels'):
-    if broadcast:
-      return value
-    return replication.split_batch(value, num_shards, shard, name)
-
   def build_shard(shard):
-    with infeed_scope():
-      shard_features = slice_of(model_features, shard, 'features')
-      shard_labels = slice_of(labels, shard)
+    shard_features, shard_labels = model_features, labels
+    if not broadcast:  # the shard's slice of the batch
+      with infeed_scope():
+        shard_features = replication.split_batch(model_features, num_shards,
+                                                 shard, 'features')
+        shard_labels = replication.split_batch(labels, num_shards, shard)
     if activations[shard]:
       shard_features.update(activations[shard])
     with build_context.building(mode):

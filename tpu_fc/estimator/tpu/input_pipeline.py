@@ -142,9 +142,8 @@ def per_step_input(inputs, batches_per_call):
   if len(inputs) == 1 and batches_per_call == 1:
     return inputs[0]
   takes = [given for given in inputs for _ in range(batches_per_call)]
-  per_step = None
-  if all(given.next_batch_per_step for given in inputs):
-    per_step = _cores_in_order([given.next_batch_per_step for given in takes])
+  per_step = (_cores_in_order([given.next_batch_per_step for given in takes])
+              if all(given.next_batch_per_step for given in inputs) else None)
   return input_fn_lib.Input(
       next_batch=_cores_in_order([given.next_batch for given in takes]),
       hooks=[hook for given in inputs for hook in given.hooks],

@@ -11,6 +11,7 @@ import contextlib
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import model_fn
+from tpu_fc.estimator.tpu import replication
 from tpu_fc.estimator.tpu import tpu_estimator_spec
 
 
@@ -91,14 +92,6 @@ class LoopBody:
     return on_its_steps, tensors
 
 
-_LOOP_LOCAL_COLLECTIONS = (
-    tf.compat.v1.GraphKeys.SUMMARIES,
-    tf.compat.v1.GraphKeys.LOSSES,
-    tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES,
-    tf.compat.v1.GraphKeys.UPDATE_OPS,
-)
-
-
 def _run_host_calls_in_loop(hooks):
   """`hooks`, with host_call tensors moved into the loop body.
 
@@ -136,15 +129,9 @@ def training_loop(build_step, next_batch, iterations, host_call_every_n_steps=1)
     `iterations` steps per run, the loop's step count to feed.
   """
   graph = tf.compat.v1.get_default_graph()
-  before = {key: list(graph.get_collection(key))
-            for key in _LOOP_LOCAL_COLLECTIONS}
   steps_this_run = tf.compat.v1.placeholder_with_default(
       iterations, [], name='training_loop_iterations')
   steps = []
-
-  def condition(step, loss):
-    del loss
-    return step < steps_this_run
 
   def body(step, loss):
     del loss
@@ -163,12 +150,13 @@ def training_loop(build_step, next_batch, iterations, host_call_every_n_steps=1)
   step_reads = [internals.fetched_read(global_step),
                 internals.get_or_create_global_step_read(graph)]
   loop_body = LoopBody(graph.get_name_scope(), host_call_every_n_steps)
-  with tf.control_dependencies(step_reads):
+  # The body's summaries, losses and update ops stay in the loop.
+  with tf.control_dependencies(step_reads), \
+      replication.per_replica_entries_dropped(graph):
     _, loss = tf.compat.v1.while_loop(
-        condition, body, [tf.constant(0), tf.constant(0.)],
+        lambda step, loss: step < steps_this_run, body,
+        [tf.constant(0), tf.constant(0.)],
         maximum_iterations=iterations, name='training_loop')
-  for key, items in before.items():
-    graph.get_collection_ref(key)[:] = items
   step, = steps
   return step._replace(
       spec=model_fn.EstimatorSpec(
@@ -282,7 +270,7 @@ def evaluation_loop(build_step, next_batch, iterations):
   """
   graph = tf.compat.v1.get_default_graph()
   eval_step = internals.get_or_create_eval_step()
-  steps, losses = [], []
+  steps = []
 
   def body(step):
     with loop_body.creating_variables_outside():
@@ -292,11 +280,9 @@ def evaluation_loop(build_step, next_batch, iterations):
       loss_update = mean(spec.loss)[1]
     hooks, host_calls = _run_host_calls_in_loop(spec.evaluation_hooks)
     steps.append(built._replace(spec=spec._replace(evaluation_hooks=hooks)))
-    losses.append(spec.loss)
     updates = [update for _, update in (spec.eval_metric_ops or {}).values()]
-    updates += host_calls
     # The driver's run adds 1 to the eval step; the loop adds the others.
-    with tf.control_dependencies(updates + [loss_update]):
+    with tf.control_dependencies(updates + host_calls + [loss_update]):
       counted = eval_step.assign_add(tf.minimum(tf.cast(step, tf.int64), 1))
     with tf.control_dependencies([counted]):
       return step + 1
@@ -305,8 +291,8 @@ def evaluation_loop(build_step, next_batch, iterations):
   loop = tf.compat.v1.while_loop(
       lambda step: step < iterations, body, [tf.constant(0)],
       maximum_iterations=iterations, name='evaluation_loop')
-  eval_metric_ops, mean_loss = loop_body.metrics.values(losses[0])
   step, = steps
+  eval_metric_ops, mean_loss = loop_body.metrics.values(step.spec.loss)
   return step._replace(
       spec=model_fn.EstimatorSpec(
           mode=model_fn.ModeKeys.EVAL, loss=mean_loss,

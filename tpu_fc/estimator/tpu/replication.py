@@ -186,22 +186,30 @@ def _cross_shard_optimizer_keeping_rows(sums):
 
 
 @contextlib.contextmanager
-def _collections_of(graph, shard, first_built):
-  """Keeps shard 0's per-replica entries and the first-built shard's names."""
+def per_replica_entries_dropped(graph):
+  """What is added to the per-replica collections inside is dropped after: a
+  shard's other than 0 (see module doc), or an in-graph loop body's."""
   before = {key: list(graph.get_collection(key))
             for key in _PER_REPLICA_COLLECTIONS}
+  yield
+  for key, items in before.items():
+    graph.get_collection_ref(key)[:] = items
+
+
+@contextlib.contextmanager
+def _collections_of(graph, shard, first_built):
+  """Keeps shard 0's per-replica entries and the first-built shard's names."""
   # The columns' record of their tables' names: the first shard built has the
   # names a single call gives, so its entries are kept.
   recorded = graph.get_collection_ref(naming.COLUMN_SCOPES)
   names = list(recorded)
   if not first_built:
     recorded[:] = []  # recorded into a fresh dict, dropped below
-  yield
+  with (per_replica_entries_dropped(graph) if shard != 0 else
+        contextlib.nullcontext()):
+    yield
   if not first_built:
     recorded[:] = names
-  if shard != 0:
-    for key, items in before.items():
-      graph.get_collection_ref(key)[:] = items
 
 
 @contextlib.contextmanager

@@ -63,10 +63,10 @@ def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
       raise ValueError(
           'Model parallelism only supports per host input for training. '
           'Please adjust TPURunconfig.per_host_input_for_training.')
-    if eval_batch_size is not None:
-      check_positive_integer(eval_batch_size, 'eval_batch_size')
-    if predict_batch_size is not None:
-      check_positive_integer(predict_batch_size, 'predict_batch_size')
+    for name, batch_size in (('eval_batch_size', eval_batch_size),
+                             ('predict_batch_size', predict_batch_size)):
+      if batch_size is not None:
+        check_positive_integer(batch_size, name)
     if embedding_config_spec and tpu_config.per_host_input_for_training not in (
         InputPipelineConfig.PER_HOST_V1, InputPipelineConfig.PER_HOST_V2):
       raise ValueError('Only PER_HOST_V1 and PER_HOST_V2 is supported when '
@@ -96,10 +96,9 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
   feature columns, which transform the raw feature themselves (as the exported
   model does), so such ids would be transformed twice.
   """
-  columns = getattr(embedding_config_spec, 'feature_columns', None) or ()
   if not isinstance(features, dict):
     return
-  for column in columns:
+  for column in getattr(embedding_config_spec, 'feature_columns', None) or ():
     categorical = columns_lib.ids_column(column)
     value = features.get(getattr(categorical, 'key', None))
     if (getattr(categorical, 'dtype', None) == tf.string and
@@ -114,14 +113,13 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
               categorical.key, value.dtype.name, categorical.name))
 
 
-def _rate_log_cadence(iterations_per_loop, log_step_count_steps):
+def _rate_log_cadence(iterations, log_step_count_steps):
   """(every_n_steps, every_n_secs) of TPUEstimator's progress logs, CPU or TPU.
 
   TF 2.15's: ceil(log_step_count_steps / iterations_per_loop), counting
   session runs (TPU loops) for the loss and global steps for the rates, or N
-  seconds for an 'Ns' iterations_per_loop.
+  seconds for an 'Ns' iterations_per_loop (`iterations`, parsed).
   """
-  iterations = parse_iterations_per_loop(iterations_per_loop)
   if iterations.unit == 'seconds':
     return None, iterations.value
   if log_step_count_steps is None:
@@ -238,8 +236,14 @@ class TPUEstimator(estimator.Estimator):
           config.session_config or run_config.default_session_config()))
     super().__init__(model_fn, model_dir, config, params, warm_start_from)
 
+    iterations = parse_iterations_per_loop(
+        config.tpu_config.iterations_per_loop)
     self._log_every_n_steps, self._log_every_n_secs = _rate_log_cadence(
-        config.tpu_config.iterations_per_loop, self._log_step_count_steps)
+        iterations, self._log_step_count_steps)
+    # The steps of a TPU's training loop, or None for a time-based
+    # iterations_per_loop: its loops' lengths vary.
+    self._steps_per_tpu_loop = (iterations.value if iterations.unit == 'count'
+                                else None)
 
     tpu_config_ = config.tpu_config
     if tpu_config_.num_shards == 1 and tpu_config_.num_cores_per_replica is None:
@@ -326,23 +330,21 @@ class TPUEstimator(estimator.Estimator):
     iterations_per_loop) loops (every N seconds for an 'Ns' loop).
     """
     spec = built.spec
-    hooks = tuple(spec.training_hooks)
     rates = self._rate_hooks(built.steps_per_run)
     if self._running_on_cpu(ModeKeys.TRAIN):
-      return spec._replace(training_hooks=hooks + rates)
+      return spec._replace(training_hooks=spec.training_hooks + rates)
     if not rates:
       return spec
     every_n_runs = self._log_every_n_steps
     if every_n_runs is not None:  # loops, whether or not one run makes a loop
-      every_n_runs *= parse_iterations_per_loop(
-          self._config.tpu_config.iterations_per_loop
-      ).value // built.steps_per_run
+      every_n_runs *= self._steps_per_tpu_loop // built.steps_per_run
     with tf.control_dependencies([spec.train_op]):
       step = tf.compat.v1.train.get_global_step().read_value()
     loss_logging = tf.compat.v1.train.LoggingTensorHook(
         {'loss': spec.loss, 'step': step}, every_n_iter=every_n_runs,
         every_n_secs=self._log_every_n_secs)
-    return spec._replace(training_hooks=(loss_logging,) + rates + hooks)
+    return spec._replace(
+        training_hooks=(loss_logging,) + rates + spec.training_hooks)
 
   def _rate_hooks(self, steps_per_run):
     """TPUEstimator's global_step/sec and examples/sec hook, if it logs."""
@@ -389,7 +391,7 @@ class TPUEstimator(estimator.Estimator):
       built = self._build_model(*inputs.next_batch(), mode, sync)
       if mode == ModeKeys.TRAIN and not self._running_on_cpu(mode):
         built = built._replace(spec=built.spec._replace(training_hooks=[
-            hook.on_steps_of_loops(every_n_steps, self._steps_per_tpu_loop())
+            HostCallHook(hook.tensors, every_n_steps, self._steps_per_tpu_loop)
             if isinstance(hook, HostCallHook) else hook
             for hook in built.spec.training_hooks]))
     # The columns' record of their tables' names was read by the build: it
@@ -400,14 +402,12 @@ class TPUEstimator(estimator.Estimator):
   @contextlib.contextmanager
   def _cluster_training(self, mode):
     """Estimator's, with the tables split over the ps tasks."""
-    if (mode != ModeKeys.TRAIN or
-        not distributed.is_parameter_server_cluster(self._config)):
-      with super()._cluster_training(mode) as sync:
-        yield sync
-      return
     spec = self._embedding_config_spec
-    with distributed.partitioned_tables(spec, self._config.num_ps_replicas):
-      if (self._config.sync_replicas and spec is not None and
+    partitioned = (mode == ModeKeys.TRAIN and
+                   distributed.is_parameter_server_cluster(self._config))
+    with (distributed.partitioned_tables(spec, self._config.num_ps_replicas)
+          if partitioned else contextlib.nullcontext()):
+      if (partitioned and self._config.sync_replicas and spec is not None and
           spec.pipeline_execution_with_tensor_core):
         raise ValueError(
             'RunConfig(sync_replicas=True) does not support '
@@ -436,10 +436,17 @@ class TPUEstimator(estimator.Estimator):
             self._params_for(self._batch_sizes[mode], use_tpu=False))))
     backends = self._backends(mode, on_tpu=True)
     pipeline = self._deployment(mode)
+    # PREDICT runs the model once per batch of the input (a core's under
+    # PER_HOST_V2).
+    batch_size = (pipeline.input_fn_batch_size if mode == ModeKeys.PREDICT
+                  else pipeline.model_fn_batch_size)
+    # params['context']: the emulated system, as on a TPU.
+    context = tpu_context.TPUContext(
+        self._num_shards(),
+        num_cores_per_replica=self._config.tpu_config.num_cores_per_replica)
+    params = self._params_for(batch_size, use_tpu=True, context=context)
+    call_model_fn = lambda f, l: self._call_model_fn(f, l, mode, config, params)
     if mode == ModeKeys.PREDICT:
-      # One model run per batch of the input (a core's under PER_HOST_V2).
-      batch_size = pipeline.input_fn_batch_size
-      params = self._model_fn_params(batch_size)
       if lookup_backends.predicts_in_model_graph(backends):
         _check_predict_ids_untransformed(features, self._embedding_config_spec)
         with emulation.infeed_scope():
@@ -447,22 +454,15 @@ class TPUEstimator(estimator.Estimator):
         with build_context.building(mode):
           return emulation.predict_padded(
               lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
-                  self._call_model_fn(f, labels, mode, config, params))),
-              features, batch_size)
+                  call_model_fn(f, labels))), features, batch_size)
       # looked up by the host engine, one shard
       return emulation.predict_padded(
-          lambda f: emulation.build(
-              lambda f, l: self._call_model_fn(f, l, mode, config, params),
-              f, labels, mode, backends, 1, batch_size),
-          features, batch_size)
-    num_shards = self._num_shards()
-    whole_batch = pipeline.kind == input_pipeline.WHOLE
-    self._check_batch_divisible(mode, 1 if whole_batch else num_shards)
-    params = self._model_fn_params(pipeline.model_fn_batch_size)
+          lambda f: emulation.build(call_model_fn, f, labels, mode, backends, 1,
+                                    batch_size), features, batch_size)
+    self._check_batch_divisible(mode, pipeline)
     return emulation.build(
-        lambda f, l: self._call_model_fn(f, l, mode, config, params),
-        features, labels, mode, backends, num_shards, self._batch_sizes[mode],
-        whole_batch,
+        call_model_fn, features, labels, mode, backends, pipeline.num_cores,
+        self._batch_sizes[mode], pipeline.kind == input_pipeline.WHOLE,
         aggregate_rows=sync.aggregate_rows if sync is not None else None,
         loop_body=loop_body)
 
@@ -489,43 +489,26 @@ class TPUEstimator(estimator.Estimator):
       return 1
     if mode == ModeKeys.EVAL:
       return eval_steps or 1
-    return self._steps_per_tpu_loop() or 1
-
-  def _steps_per_tpu_loop(self):
-    """The steps of a TPU's training loop (TPUConfig.iterations_per_loop), or
-    None for a time-based value: its loops' lengths vary."""
-    iterations = parse_iterations_per_loop(
-        self._config.tpu_config.iterations_per_loop)
-    return iterations.value if iterations.unit == 'count' else None
+    return self._steps_per_tpu_loop or 1
 
   def _num_shards(self):
     """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
     return self._config.tpu_config.num_shards or 1
-
-  def _check_tpu_batch_size(self, mode):
-    """TF 2.15's checks before input_fn: evaluate and predict on a TPU need
-    their batch size, predict's divisible by the shards."""
-    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
-             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
-    if mode in names and self._batch_sizes[mode] is None:
-      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
-                       'is running on TPU.'.format(*names[mode]))
-    if (mode == ModeKeys.PREDICT and
-        self._deployment(mode).kind != input_pipeline.WHOLE):
-      self._check_batch_divisible(mode, self._num_shards())
 
   def _deployment(self, mode):
     """How input_fn feeds the emulated cores in `mode` (`input_pipeline`)."""
     return input_pipeline.deployment(self._config.tpu_config, mode,
                                      self._num_shards(), self._batch_sizes[mode])
 
-  def _check_batch_divisible(self, mode, num_shards):
+  def _check_batch_divisible(self, mode, pipeline):
+    """TF's check: the cores split the batch (unless each takes all of it)."""
     batch_size = self._batch_sizes[mode]
-    if batch_size is not None and batch_size % num_shards:
+    if (pipeline.kind != input_pipeline.WHOLE and batch_size is not None and
+        batch_size % pipeline.num_cores):
       raise ValueError('{} batch size {} must be divisible by number of '
                        'replicas {}'.format(
                            'predict' if mode == ModeKeys.PREDICT else mode,
-                           batch_size, num_shards))
+                           batch_size, pipeline.num_cores))
 
   def _running_on_cpu(self, mode):
     return not self._use_tpu or (mode == ModeKeys.EVAL and
@@ -535,22 +518,11 @@ class TPUEstimator(estimator.Estimator):
     """A fresh copy of params with `batch_size` (unless None); `use_tpu` for
     model_fn calls (unless None) and `context` (unless None)."""
     params = copy.deepcopy(self._params)
-    if batch_size is not None:
-      estimator.add_item_to_params(params, _BATCH_SIZE_KEY, batch_size)
-    if use_tpu is not None:
-      estimator.add_item_to_params(params, _USE_TPU_KEY, use_tpu)
-    if context is not None:
-      estimator.add_item_to_params(params, _CONTEXT_KEY, context)
+    for key, value in ((_BATCH_SIZE_KEY, batch_size), (_USE_TPU_KEY, use_tpu),
+                       (_CONTEXT_KEY, context)):
+      if value is not None:
+        estimator.add_item_to_params(params, key, value)
     return params
-
-  def _model_fn_params(self, batch_size):
-    """params of a model_fn call on the emulated TPU, `params['context']`
-    describing the emulated system, as on a TPU."""
-    return self._params_for(batch_size, use_tpu=True,
-                            context=tpu_context.TPUContext(
-                                self._num_shards(), num_cores_per_replica=(
-                                    self._config.tpu_config
-                                    .num_cores_per_replica)))
 
   def _call_input_fn(self, input_fn, mode):
     """TPUEstimator's checks, then input_fn called as the mode's input
@@ -561,33 +533,40 @@ class TPUEstimator(estimator.Estimator):
       raise ValueError('input_fn ({}) does not include params argument, '
                        'required by TPUEstimator to pass batch size as '
                        'params["batch_size"]'.format(input_fn))
-    if not self._running_on_cpu(mode):
-      self._check_tpu_batch_size(mode)
-    if (mode != ModeKeys.TRAIN and self._running_on_cpu(mode) and
-        self._config.tpu_config.eval_training_input_configuration ==
-        InputPipelineConfig.SLICED):
-      raise ValueError('Invalid TPUConfig `eval_training_input_configuration`'
-                       ' value. SLICED mode only works on use_tpu = True.')
     if self._running_on_cpu(mode):
+      if (mode != ModeKeys.TRAIN and
+          self._config.tpu_config.eval_training_input_configuration ==
+          InputPipelineConfig.SLICED):
+        raise ValueError('Invalid TPUConfig `eval_training_input_configuration`'
+                         ' value. SLICED mode only works on use_tpu = True.')
       return super()._call_input_fn(input_fn, mode)
+    # TF 2.15's checks before input_fn: evaluate and predict on a TPU need
+    # their batch size, predict's divisible by the cores.
+    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
+             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
+    if mode in names and self._batch_sizes[mode] is None:
+      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
+                       'is running on TPU.'.format(*names[mode]))
     pipeline = self._deployment(mode)
-    calls = [pipeline.checked(self._invoke_input_fn(
-        input_fn, mode, self._input_fn_params(mode, invocation)))
-             for invocation in range(pipeline.input_fn_calls)]
+    if mode == ModeKeys.PREDICT:
+      self._check_batch_divisible(mode, pipeline)
+    # Each call's batch size and a `context` saying which call it is, as TF
+    # 2.15 gives them per input pipeline.
+    calls = []
+    for invocation in range(pipeline.input_fn_calls):
+      params = self._params_for(
+          pipeline.input_fn_batch_size, context=tpu_context.TPUContext(
+              self._num_shards(), pipeline.context_deployment(invocation)))
+      calls.append(pipeline.checked(
+          self._invoke_input_fn(input_fn, mode, params)))
     # (PREDICT runs the model once per batch of the input)
     return input_pipeline.per_step_input(
         calls, 1 if mode == ModeKeys.PREDICT else pipeline.batches_per_call)
 
-  def _input_fn_params(self, mode, invocation=0):
-    """On the TPU, as TF 2.15 gives them per input pipeline: the batch size
-    of each input_fn call and a `context` saying which call it is."""
-    if self._running_on_cpu(mode):
-      return self._params_for(self._batch_sizes[mode])
-    pipeline = self._deployment(mode)
-    return self._params_for(
-        pipeline.input_fn_batch_size,
-        context=tpu_context.TPUContext(
-            self._num_shards(), pipeline.context_deployment(invocation)))
+  def _input_fn_params(self, mode):
+    """On the CPU: the mode's global batch size (`_call_input_fn` gives the
+    emulated TPU's)."""
+    return self._params_for(self._batch_sizes[mode])
 
   def _call_model_fn(self, features, labels, mode, config, params):
     """The Estimator's call; with use_tpu=True the CPU graphs (prediction,

@@ -16,11 +16,20 @@ from tpu_fc.estimator import model_fn
 
 class HostCallHook(tf.compat.v1.train.SessionRunHook):
   """Runs a spec's `host_call` outputs: every step (use_tpu=False), or on the
-  steps a TPU's training loop runs them (`on_steps_of_loops`).
+  steps a TPU's training loop runs them.
 
   Initializes the graph's `tf.summary.create_file_writer` writers once the
   session exists and flushes them at the end, so host_call summaries land in
   their log directories.
+
+  Args:
+    tensors: the host_call outputs to run, or None (run inside an in-graph
+      training loop instead).
+    every_n_steps, steps_per_loop: for one-step runs of the emulated TPU,
+      which stand for loops of `steps_per_loop` steps (None: one loop): as TF
+      2.15's TPU training loop runs host_call, on a loop's first step and
+      every `every_n_steps`-th after it
+      (`TPUConfig.experimental_host_call_every_n_steps`).
   """
 
   def __init__(self, tensors, every_n_steps=1, steps_per_loop=None):
@@ -30,13 +39,6 @@ class HostCallHook(tf.compat.v1.train.SessionRunHook):
     self._runs = 0
     self._init_ops = None
     self._flush_ops = None
-
-  def on_steps_of_loops(self, every_n_steps, steps_per_loop):
-    """This hook for one-step runs of the emulated TPU, which stand for loops
-    of `steps_per_loop` steps (None: one loop): as TF 2.15's TPU training
-    loop runs host_call, on a loop's first step and every `every_n_steps`-th
-    after it (`TPUConfig.experimental_host_call_every_n_steps`)."""
-    return HostCallHook(self.tensors, every_n_steps, steps_per_loop)
 
   def begin(self):
     self._runs = 0
@@ -186,13 +188,10 @@ class TPUEstimatorSpec(
     Calls `eval_metrics`' metric_fn, then `host_call` (run every step by a hook
     in every mode), then `scaffold_fn`, in that order, in the current graph.
     """
-    eval_metric_ops = None
-    if self.eval_metrics is not None:
-      eval_metric_ops = call_host_fn('eval_metrics', self.eval_metrics)
-    host_hooks = ()
-    if self.host_call is not None:
-      host_hooks = (HostCallHook(
-          call_host_fn('host_call', self.host_call)),)
+    eval_metric_ops = (None if self.eval_metrics is None else
+                       call_host_fn('eval_metrics', self.eval_metrics))
+    host_hooks = (() if self.host_call is None else
+                  (HostCallHook(call_host_fn('host_call', self.host_call)),))
     scaffold = self.scaffold_fn() if self.scaffold_fn else None
     return model_fn.EstimatorSpec(
         mode=self.mode,
