@@ -119,11 +119,11 @@ class _CrossShardSums:
   @contextlib.contextmanager
   def keeping_rows(self, keep):
     """Inside, with `keep`, row gradients (`IndexedSlices`) sum as rows."""
-    self._rows_kept = keep
+    outer, self._rows_kept = self._rows_kept, keep
     try:
       yield
     finally:
-      self._rows_kept = False
+      self._rows_kept = outer
 
   def __call__(self, x, group_assignment=None, name=None):
     del group_assignment, name  # one group: all shards
