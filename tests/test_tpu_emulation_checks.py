@@ -99,3 +99,38 @@ def test_embedding_ids_of_another_batch_than_configured_fail(tmp_path, static):
   with pytest.raises(ValueError if static else tf.errors.InvalidArgumentError,
                      match=message):
     estimator.train(input_fn, steps=1)
+
+
+@pytest.mark.parametrize('pipeline', ['PER_HOST_V1', 'PER_HOST_V2'])
+@pytest.mark.parametrize('columns,error,text', [
+    (lambda: [tpu_fc.embedding_column(fc.categorical_column_with_identity('x', 10), 2),
+              fc.embedding_column(fc.categorical_column_with_identity('y', 10), 4)],
+     TypeError, 'Unsupported feature column'),
+    (lambda: [tpu_fc.embedding_column(fc.categorical_column_with_identity('x', 10), 2),
+              tpu_fc.embedding_column(fc.categorical_column_with_identity('x', 10), 4)],
+     ValueError, 'Feature column x is used with multiple embeddings'),
+], ids=['non_tpu_column', 'feature_in_two_embeddings'])
+def test_a_column_error_comes_before_input_fn_in_training(tmp_path, pipeline,
+                                                          columns, error, text):
+  """TF builds the embedding config before its input pipeline calls input_fn
+  when training (`tpu_estimator_embedding_test.test_non_tpu_embedding_column`,
+  `test_feature_in_two_embeddings`: an input_fn returning 'Not used'), so the
+  column error wins over PER_HOST_V2's 'must return a Dataset'."""
+  called = []
+
+  def input_fn(params):
+    called.append(params)
+    return 'Not used'
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=models.columns_model_fn([]), train_batch_size=8,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          iterations_per_loop=2, num_shards=2,
+          per_host_input_for_training=getattr(tpu_fc.InputPipelineConfig,
+                                              pipeline))),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns(),
+          optimization_parameters=tpu_fc.AdagradParameters(0.01)))
+  with pytest.raises(error, match=text):
+    estimator.train(input_fn, steps=1)
+  assert not called

@@ -7,6 +7,7 @@ plain `EstimatorSpec`'s chief hooks are refused and its scaffold ignored with
 TF's warning, and TPU evaluation refuses a plain `EstimatorSpec`; a hook
 fetching a model_fn tensor from the evaluation loop is told why.
 """
+import numpy as np
 import pytest
 
 import tpu_fc
@@ -80,27 +81,36 @@ def test_an_evaluation_hook_on_a_model_fn_tensor_is_told_why(tmp_path):
 
 def _metric_ops_model_fn(features, labels, mode, params):
   """`tpu_estimator_evaluation_test.py`'s model_fn with eval_metric_ops: an
-  EstimatorSpec in evaluation."""
+  EstimatorSpec in evaluation, its metrics built in every mode (TF's builds
+  them in training too: each emulated shard then has their local variables)."""
   del params
   predictions = tf.compat.v1.layers.dense(features['x'], 1)
   loss = tf.compat.v1.losses.mean_squared_error(labels, predictions)
+  eval_metric_ops = {
+      'mse': tf.compat.v1.metrics.mean_absolute_error(labels, predictions)}
   if mode == tpu_fc.ModeKeys.EVAL:
-    return tpu_fc.EstimatorSpec(mode, loss=loss, eval_metric_ops={
-        'mse': tf.compat.v1.metrics.mean_absolute_error(labels, predictions)})
+    return tpu_fc.EstimatorSpec(mode, loss=loss, eval_metric_ops=eval_metric_ops)
   return models.tpu_spec(mode, loss)
 
 
 @pytest.mark.parametrize('eval_on_tpu', [True, False])
 def test_tpu_evaluation_needs_a_tpu_estimator_spec(tmp_path, eval_on_tpu):
-  """`test_eval_metrics_ops_tpu_training_failure` and `..._tpu_training`."""
+  """`test_eval_metrics_ops_tpu_training_failure` and `..._tpu_training`
+  (iterations_per_loop=2, 2 shards): on the CPU the metric is the checkpoint's
+  model's mean absolute error over the batch."""
   estimator = tpu_fc.TPUEstimator(
       model_fn=_metric_ops_model_fn, train_batch_size=4, eval_batch_size=4,
       eval_on_tpu=eval_on_tpu,
-      config=tpu_fc.RunConfig(model_dir=str(tmp_path),
-                              tpu_config=tpu_fc.TPUConfig(num_shards=2)))
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=tpu_fc.TPUConfig(
+          iterations_per_loop=2, num_shards=2)))
   estimator.train(inputs.dense_x, steps=1)
   if not eval_on_tpu:
-    assert 'mse' in estimator.evaluate(inputs.dense_x, steps=1)
+    kernel, bias = (estimator.get_variable_value('dense/' + name)
+                    for name in ('kernel', 'bias'))
+    x = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+    expected = np.mean(np.abs(2 * x.sum(1, keepdims=True) - (x @ kernel + bias)))
+    assert estimator.evaluate(inputs.dense_x, steps=1)['mse'] == pytest.approx(
+        expected, rel=1e-6)
     return
   with pytest.raises(RuntimeError, match=(
       'estimator_spec used by TPU evaluation must have type`TPUEstimatorSpec`. '

@@ -94,11 +94,16 @@ def _core_copy(next_creator, variable, kwargs):
   (its update ops run with its step) and the checkpoint holds core 0's: the
   shard-0 variable.  Another shard's copy is a local variable, set to the
   variable's value whenever a session starts (after a restore), so that
-  shard's updates never reach what core 0 holds.
+  shard's updates never reach what core 0 holds.  A local variable (a
+  metric's accumulator) is not restored: its copy starts from its initial
+  value, since the two are initialized together.
   """
+  local = tf.compat.v1.GraphKeys.LOCAL_VARIABLES in (kwargs.get('collections')
+                                                     or ())
   with tf.init_scope():
     return next_creator(**dict(
-        kwargs, initial_value=variable.read_value, trainable=False,
+        kwargs, trainable=False,
+        initial_value=variable.initial_value if local else variable.read_value,
         collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
         name=variable.op.name + '_core_copy'))
 

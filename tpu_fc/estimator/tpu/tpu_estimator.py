@@ -550,6 +550,10 @@ class TPUEstimator(estimator.Estimator):
     pipeline = self._deployment(mode)
     if mode == ModeKeys.PREDICT:
       self._check_batch_divisible(mode, pipeline)
+    if mode == ModeKeys.TRAIN and self._embedding_config_spec is not None:
+      # TF builds the embedding config before its input pipeline calls input_fn
+      # in training (`tpu_estimator.py` 3209-3217): a column error comes first.
+      self._embedding_config_spec.embedding_layout()
     # Each call's batch size and a `context` saying which call it is, as TF
     # 2.15 gives them per input pipeline.
     calls = []
