@@ -567,7 +567,7 @@ def test_spec_names_a_legacy_script_as_run_loads_it(tmp_path, monkeypatch,
   try:
     for reference in ('legacy_model.py:spec', 'wrapper.py:make_spec',
                       'legacy_model:spec'):
-      spec = conversion.spec_from_reference(reference)
+      spec = legacy_names.spec_from_reference(reference)
       assert isinstance(spec, tpu_fc.EmbeddingConfigSpec), reference
       assert type(spec.optimization_parameters) is tpu_fc.AdamParameters
       assert not legacy_names.is_installed()  # bound for the load only
