@@ -263,6 +263,17 @@ def test_slots_of_another_optimizer_are_refused(tmp_path):
       "Table tbl_a: the checkpoint holds ['{0}/Adam/m', '{0}/Adam/v'], which "
       'StochasticGradientDescentParameters has no slot for.'.format(A_TABLE))
   assert not os.path.exists(tmp_path / 'x')
+  # Back to legacy too: a mid-level checkpoint's Adam slots are no SGD's.
+  mid_level = conversion.to_mid_level_checkpoint(
+      make_spec(OPTIMIZERS['adam']), str(tmp_path), str(tmp_path / 'mid'))
+  with pytest.raises(conversion.CheckpointConversionError) as error:
+    conversion.to_legacy_checkpoint(make_spec(OPTIMIZERS['sgd']), mid_level,
+                                    str(tmp_path / 'back'))
+  assert str(error.value) == (
+      "Table tbl_a: the mid-level checkpoint holds the slot(s) "
+      "['tbl_a/momenta', 'tbl_a/velocities'], which "
+      'StochasticGradientDescentParameters has no slot for.')
+  assert not os.path.exists(tmp_path / 'back')
 
 
 def test_changed_vocabulary_is_refused(tmp_path):
