@@ -421,9 +421,9 @@ def test_serving_config_and_saved_model_export_look_up_on_the_cpu(tmp_path):
 
 
 def test_restore_and_save_carry_tables_and_slots_by_table_name(tmp_path):
-  """A legacy checkpoint's tables and Adam slots into the layer (tpu_fc's,
-  and TFRS's own), all or nothing; saved back, `convert-checkpoint --to
-  legacy` gives them bit for bit."""
+  """A legacy checkpoint's tables and Adam slots into the layer (tpu_fc's),
+  a converted one into TFRS's own, all or nothing; saved back,
+  `convert-checkpoint --to legacy` gives them bit for bit."""
   spec = make_spec(OPTIMIZERS['adam'])
   train(tmp_path / 'legacy', spec)
   legacy = checkpoint_values(tmp_path / 'legacy')
@@ -441,8 +441,11 @@ def test_restore_and_save_carry_tables_and_slots_by_table_name(tmp_path):
     tpu_fc_tfrs.restore(mismatched, str(tmp_path / 'legacy'))
   for table, variable in mismatched.embedding_tables.items():
     np.testing.assert_array_equal(variable.numpy(), before[table.name])
-  for restored in (layer, original):
-    assert tpu_fc_tfrs.restore(restored, str(tmp_path / 'legacy')) == 2
+  converted = conversion.to_mid_level_checkpoint(  # (`--to mid-level`)
+      spec, str(tmp_path / 'legacy'), str(tmp_path / 'converted'))
+  for restored, checkpoint in ((layer, str(tmp_path / 'legacy')),
+                               (original, converted)):
+    assert tpu_fc_tfrs.restore(restored, checkpoint) == 2
     tables = {t.name: v.numpy() for t, v in restored.embedding_tables.items()}
     np.testing.assert_array_equal(
         tables['tbl_a'], legacy['dense_features/a_embedding/embedding_weights'])

@@ -259,7 +259,8 @@ def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots)
     raise CheckpointConversionError(
         'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
         ' Convert it with fresh_slots=True (convert-checkpoint --fresh-slots) '
-        'to start the optimizer state anew.'.format(table.name, type(parameters).__name__, missing, below))
+        'to start the optimizer state anew.'.format(
+            table.name, type(parameters).__name__, missing, below))
   unexpected = sorted(set(below) - set(expected))
   if unexpected and not missing:
     raise CheckpointConversionError(

@@ -21,17 +21,18 @@ import numpy as np
 
 import tpu_fc  # before tensorflow: selects tf-keras on TF >= 2.16
 import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+import step1_train
+import step2_mid_level_config
+# The model_fn's layers and SGD rate, DenseFeatures' order, the weighted feature.
+from step4_tf2_loop import (DENSE_LEARNING_RATE, FEATURE_ORDER, HIDDEN_UNITS,
+                            WEIGHT_KEYS)
 
 # Outside a TPUStrategy, tfrs.layers.embedding.TPUEmbedding is now tpu_fc's:
-# TFRS's layer, trained on the CPU by its embedding optimizer's TPU rule.
+# TFRS's layer, trained on the CPU by its embedding optimizer's TPU rule (under
+# a TPUStrategy it stays TFRS's own).
 tpu_fc.install()
-
-import tensorflow_recommenders as tfrs  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-import step1_train  # pylint: disable=g-import-not-at-top,wrong-import-position
-import step2_mid_level_config  # pylint: disable=g-import-not-at-top,wrong-import-position
-# The model_fn's layers and SGD rate, DenseFeatures' order, the weighted feature.
-from step4_tf2_loop import DENSE_LEARNING_RATE, FEATURE_ORDER, HIDDEN_UNITS, WEIGHT_KEYS  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 class RankingModel(tf.keras.Model):
