@@ -37,6 +37,7 @@ from tpu_fc import columns
 from tpu_fc import export as export_lib
 from tpu_fc import optimizers
 from tpu_fc import spec
+from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
 _LEGACY_EMBEDDING_MODULE = 'tensorflow.python.tpu.tpu_embedding'
@@ -52,6 +53,16 @@ _SESSION_RUN_HOOK_NAMES = (
     'CheckpointSaverListener', 'StepCounterHook', 'SummarySaverHook',
     'NanTensorHook', 'NanLossDuringTrainingError', 'GlobalStepWaiterHook',
     'FinalOpsHook', 'FeedFnHook', 'ProfilerHook', 'SecondOrStepTimer')
+
+# `tf.estimator`'s heads and their modules in `tpu_fc.estimator.head`, bound
+# where TF has no heads (TF >= 2.16; TF 2.15's namespace keeps its own).
+_HEADS = {'Head': 'base_head', 'BinaryClassHead': 'binary_class_head',
+          'MultiClassHead': 'multi_class_head',
+          'MultiLabelHead': 'multi_label_head',
+          'RegressionHead': 'regression_head',
+          'PoissonRegressionHead': 'regression_head',
+          'LogisticRegressionHead': 'regression_head',
+          'MultiHead': 'multi_head'}
 
 # (owner, attribute, had it, original value), in binding order.
 _bindings = []
@@ -159,6 +170,10 @@ def _estimator_namespace(name, original, v1):
           estimator.train_and_evaluate, original_getter),
       add_metrics=_for_tpu_fc_estimators(extenders.add_metrics,
                                          original_getter))
+  if TF_VERSION >= (2, 16):
+    names.update({head: getattr(importlib.import_module(
+        'tpu_fc.estimator.head.' + module), head)
+                  for head, module in _HEADS.items()})
   if v1:
     names['inputs'] = _Namespace(
         name + '.inputs', {}, _attribute_getter(original_getter, 'inputs'),
