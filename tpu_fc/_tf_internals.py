@@ -224,7 +224,7 @@ NUMERIC_COLUMN_TYPES = (fc_lib.NumericColumn, core_fc_v1._NumericColumn)
 
 def numeric_column_dense_tensor(column, features):
   """`column`'s tensor of `features`, through the v1 column API TF's heads
-  read weights with (its shape as given: `[D0, ... DN]` stays unexpanded)."""
+  read weights with (a rank-1 feature gets a last dimension of 1)."""
   return column._get_dense_tensor(core_fc_v1._LazyBuilder(features))
 
 
