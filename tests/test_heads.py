@@ -209,16 +209,21 @@ def test_errors_match_tf(error):
   assert ours == theirs
 
 
-def _keras_trained(implementation):
-  """A regression head's variable after one step of a Keras SGD."""
+def _keras_trained(implementation, names=None):
+  """A regression head's variable after one step of a Keras SGD (momentum:
+  a slot); `names`: a list given the global variables' names."""
   with tf.Graph().as_default():
     features, labels, _ = heads.batch('regression_loss_fn')
     variable = tf.Variable([[0.5], [-0.25]])
     head = heads.implementation(implementation).RegressionHead()
     spec = head.create_estimator_spec(
         features=features, mode=TRAIN, logits=features['x'] @ variable,
-        labels=labels, optimizer=tf.keras.optimizers.legacy.SGD(0.1),
+        labels=labels,
+        optimizer=tf.keras.optimizers.legacy.SGD(0.1, momentum=0.5),
         trainable_variables=[variable])
+    if names is not None:
+      names.extend(sorted(v.op.name for v in
+                          tf.compat.v1.global_variables()))
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       session.run(spec.train_op)
@@ -227,8 +232,12 @@ def _keras_trained(implementation):
 
 @legacy_only
 def test_keras_optimizer_trains_as_tf():
-  np.testing.assert_allclose(_keras_trained('tpu_fc'), _keras_trained('tf'),
-                             rtol=ATOL)
+  """The same step, and the same variable names (the optimizer's under the
+  head's 'training' scope): checkpoints carry over."""
+  ours, theirs = [], []
+  np.testing.assert_allclose(_keras_trained('tpu_fc', ours),
+                             _keras_trained('tf', theirs), rtol=ATOL)
+  assert ours == theirs and len(ours) > 2
 
 
 # --------------------------------------------------------------------------------
@@ -239,7 +248,8 @@ def test_keras_optimizer_trains_as_tf():
 def test_keras_optimizer_takes_a_gradient_step():
   features, labels, _ = heads.batch('regression_loss_fn')
   x, start = features['x'], np.array([[0.5], [-0.25]], np.float32)
-  # d/dv of mean((x v - y)^2) = 2 x^T (x v - y) / batch
+  # d/dv of mean((x v - y)^2) = 2 x^T (x v - y) / batch; momentum's first
+  # step is plain SGD's
   gradient = 2 * x.T @ (x @ start - labels) / heads.BATCH
   np.testing.assert_allclose(_keras_trained('tpu_fc'), start - 0.1 * gradient,
                              rtol=1e-5)

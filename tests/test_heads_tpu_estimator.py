@@ -105,10 +105,11 @@ def expected_losses(case, kernel):
       key('average_loss'): heads.numpy_average(losses, weights)}
 
 
-@pytest.mark.parametrize('use_tpu', [False, True], ids=['cpu', 'emulated_tpu'])
-@pytest.mark.parametrize('case', heads.ESTIMATOR_CASES)
-def test_head_trains_evaluates_predicts_and_exports(tmp_path, case, use_tpu):
-  estimator = _estimator(case, tmp_path / 'model', use_tpu)
+def train_evaluate_predict_export(tmp_path, case, use_tpu, implementation):
+  """Checks the case's model with `implementation`'s head through every
+  mode (see the module doc)."""
+  estimator = _estimator(case, tmp_path / 'model', use_tpu,
+                         implementation=implementation)
   estimator.train(input_fn_of(case), steps=1)
   kernel = estimator.get_variable_value('dense/kernel')
   assert not np.allclose(kernel, KERNEL[:, :kernel.shape[1]])  # trained
@@ -138,6 +139,23 @@ def test_head_trains_evaluates_predicts_and_exports(tmp_path, case, use_tpu):
   prediction = predictions.get(prediction, predictions.get(('bin', prediction)))
   np.testing.assert_allclose(served[output].numpy(), prediction, rtol=1e-6)
   assert 'predict' in signatures
+
+
+USE_TPU = pytest.mark.parametrize('use_tpu', [False, True],
+                                  ids=['cpu', 'emulated_tpu'])
+
+
+@USE_TPU
+@pytest.mark.parametrize('case', heads.ESTIMATOR_CASES)
+def test_head_trains_evaluates_predicts_and_exports(tmp_path, case, use_tpu):
+  train_evaluate_predict_export(tmp_path, case, use_tpu, 'tpu_fc')
+
+
+@pytest.mark.legacy_only
+@USE_TPU
+def test_tf_heads_run_in_tpu_fc_estimators(tmp_path, use_tpu):
+  """What `install()` leaves bound on TF 2.15: TF's own heads."""
+  train_evaluate_predict_export(tmp_path, 'multi_head', use_tpu, 'tf')
 
 
 def test_emulated_tpu_evaluation_refuses_a_heads_specs_as_tf(tmp_path):
@@ -188,6 +206,9 @@ def test_install_binds_the_heads_where_tf_has_none():
                 lanes.LEGACY else head.__module__.startswith('tpu_fc'))
     from tensorflow.estimator import BinaryClassHead  # pylint: disable=g-import-not-at-top
     assert BinaryClassHead is tf.estimator.BinaryClassHead
+    if not lanes.LEGACY:  # canned estimators: out of scope
+      with pytest.raises(AttributeError, match='DNNClassifier'):
+        tf.estimator.DNNClassifier  # pylint: disable=pointless-statement
 
 
 @pytest.mark.legacy_only
