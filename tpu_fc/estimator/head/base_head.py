@@ -186,9 +186,9 @@ class SingleHead(Head):
   each mode, vocabulary lookups, the common metrics.
 
   A subclass gives `_processed_labels`, `_default_loss` (the loss without a
-  `loss_fn`), `predictions`, `metrics`, `update_metrics` and
-  `_export_outputs`.  `_per_logit`: the loss (and weights may be) per logit,
-  not per example.
+  `loss_fn`), `predictions`, `metrics`, `_update_metrics` (its metrics but
+  the losses') and `_export_outputs`.  `_per_logit`: the loss (and weights
+  may be) per logit, not per example.
   """
   _per_logit = False
 
@@ -280,14 +280,23 @@ class SingleHead(Head):
           tf.keras.metrics.Mean(name=MetricKeys.LOSS_REGULARIZATION))
     return {self._summary_key(metric.name): metric for metric in metrics}
 
-  def _update_loss_metrics(self, eval_metrics, unweighted_loss, weights,
-                           regularization_losses):
+  def update_metrics(self, eval_metrics, features, logits, labels,
+                     regularization_losses=None):
+    """`eval_metrics` (from `metrics`) updated with a batch."""
+    predictions = self.predictions(logits)
+    logits = check_logits_final_dim(logits, self._logits_dimension)
+    processed_labels = self._processed_labels(logits, labels)
+    unweighted_loss, weights = self._unweighted_loss_and_weights(
+        logits, processed_labels, features)
     eval_metrics[self._summary_key(MetricKeys.LOSS_MEAN)].update_state(
         values=unweighted_loss, sample_weight=weights)
     if regularization_losses is not None:
       eval_metrics[self._summary_key(
           MetricKeys.LOSS_REGULARIZATION)].update_state(
               values=tf.math.add_n(regularization_losses))
+    self._update_metrics(eval_metrics, predictions, processed_labels, weights,
+                         labels)
+    return eval_metrics
 
   def _threshold_keys(self):
     """(accuracy, precision, recall) metric keys of each threshold."""

@@ -98,21 +98,15 @@ class BinaryClassHead(base_head.SingleHead):
       eval_metrics.update(self._threshold_metrics())
     return eval_metrics
 
-  def update_metrics(self, eval_metrics, features, logits, labels,
-                     regularization_losses=None):
-    """`eval_metrics` updated with a batch's logits and labels."""
-    class_ids = self.predictions(logits)[_PRED.CLASS_IDS]
-    logits = base_head.check_logits_final_dim(logits, 1)
-    labels = self._processed_labels(logits, labels)
-    unweighted_loss, weights = self._unweighted_loss_and_weights(
-        logits, labels, features)
-    self._update_loss_metrics(eval_metrics, unweighted_loss, weights,
-                              regularization_losses)
+  def _update_metrics(self, eval_metrics, predictions, labels, weights,
+                      labels_as_given):
+    del labels_as_given
+    class_ids = predictions[_PRED.CLASS_IDS]
     key = self._summary_key
     for name in (_KEYS.ACCURACY, _KEYS.PRECISION, _KEYS.RECALL):
       eval_metrics[key(name)].update_state(
           y_true=labels, y_pred=class_ids, sample_weight=weights)
-    logistic = self.predictions(logits, [_PRED.LOGISTIC])[_PRED.LOGISTIC]
+    logistic = predictions[_PRED.LOGISTIC]
     base_head.update_metric_with_broadcast_weights(
         eval_metrics[key(_KEYS.PREDICTION_MEAN)], logistic, weights)
     label_mean = eval_metrics[key(_KEYS.LABEL_MEAN)]
@@ -129,7 +123,6 @@ class BinaryClassHead(base_head.SingleHead):
       eval_metrics[key(name)].update_state(
           y_true=labels, y_pred=logistic, sample_weight=broadcast_weights)
     self._update_threshold_metrics(eval_metrics, labels, logistic, weights)
-    return eval_metrics
 
   def _export_outputs(self, predictions):
     return self._classifier_export_outputs(

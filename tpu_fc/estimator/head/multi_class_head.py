@@ -92,19 +92,12 @@ class MultiClassHead(base_head.SingleHead):
                             tf.keras.metrics.Accuracy(name=_KEYS.ACCURACY)],
                            regularization_losses)
 
-  def update_metrics(self, eval_metrics, features, logits, labels,
-                     regularization_losses=None):
-    """`eval_metrics` updated with a batch's logits and labels."""
-    class_ids = self.predictions(logits)[_PRED.CLASS_IDS]
-    logits = base_head.check_logits_final_dim(logits, self._n_classes)
-    label_ids = self._processed_labels(logits, labels)
-    unweighted_loss, weights = self._unweighted_loss_and_weights(
-        logits, label_ids, features)
-    self._update_loss_metrics(eval_metrics, unweighted_loss, weights,
-                              regularization_losses)
+  def _update_metrics(self, eval_metrics, predictions, labels, weights,
+                      labels_as_given):
+    del labels_as_given
     eval_metrics[self._summary_key(_KEYS.ACCURACY)].update_state(
-        y_true=label_ids, y_pred=class_ids, sample_weight=weights)
-    return eval_metrics
+        y_true=labels, y_pred=predictions[_PRED.CLASS_IDS],
+        sample_weight=weights)
 
   def _export_outputs(self, predictions):
     return self._classifier_export_outputs(predictions)

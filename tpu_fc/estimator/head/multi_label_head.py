@@ -151,23 +151,15 @@ class MultiLabelHead(base_head.SingleHead):
         eval_metrics[auc_pr] = metrics.AUC(curve='PR', name=auc_pr)
     return eval_metrics
 
-  def update_metrics(self, eval_metrics, features, logits, labels,
-                     regularization_losses=None):
-    """`eval_metrics` updated with a batch's logits and labels."""
-    logits = base_head.check_logits_final_dim(logits, self._n_classes)
-    processed_labels = self._processed_labels(logits, labels)
-    unweighted_loss, weights = self._unweighted_loss_and_weights(
-        logits, processed_labels, features)
-    probabilities = self.predictions(
-        logits, [_PRED.PROBABILITIES])[_PRED.PROBABILITIES]
-    self._update_loss_metrics(eval_metrics, unweighted_loss, weights,
-                              regularization_losses)
+  def _update_metrics(self, eval_metrics, predictions, labels, weights,
+                      labels_as_given):
+    del labels_as_given
+    probabilities = predictions[_PRED.PROBABILITIES]
     for key in (_KEYS.AUC, _KEYS.AUC_PR):
       eval_metrics[self._summary_key(key)].update_state(
-          y_true=processed_labels, y_pred=probabilities,
-          sample_weight=weights)
-    self._update_threshold_metrics(eval_metrics, processed_labels,
-                                   probabilities, weights)
+          y_true=labels, y_pred=probabilities, sample_weight=weights)
+    self._update_threshold_metrics(eval_metrics, labels, probabilities,
+                                   weights)
     for class_id in self._class_ids:
       probability_mean, auc, auc_pr = self._class_keys(class_id)
       # The class's column, whatever the rank of the batch dimensions.
@@ -177,14 +169,13 @@ class MultiLabelHead(base_head.SingleHead):
       size = tf.concat([-1 * tf.ones([batch_rank], dtype=tf.int32), [1]],
                        axis=0)
       class_probabilities = tf.slice(probabilities, begin=begin, size=size)
-      class_labels = tf.slice(processed_labels, begin=begin, size=size)
+      class_labels = tf.slice(labels, begin=begin, size=size)
       base_head.update_metric_with_broadcast_weights(
           eval_metrics[probability_mean], class_probabilities, weights)
       for key in (auc, auc_pr):
         eval_metrics[key].update_state(
             y_true=class_labels, y_pred=class_probabilities,
             sample_weight=weights)
-    return eval_metrics
 
   def _export_outputs(self, predictions):
     return self._classifier_export_outputs(predictions)

@@ -69,23 +69,15 @@ class RegressionHead(base_head.SingleHead):
               _KEYS.LOSS_MEAN, _KEYS.PREDICTION_MEAN, _KEYS.LABEL_MEAN)],
           regularization_losses)
 
-  def update_metrics(self, eval_metrics, features, logits, labels,
-                     regularization_losses=None):
-    """`eval_metrics` updated with a batch's logits and labels (the label
-    mean of the labels as given)."""
-    predicted_value = self.predictions(logits)[_PRED.PREDICTIONS]
-    logits = base_head.check_logits_final_dim(logits, self._logits_dimension)
-    processed_labels = self._processed_labels(logits, labels)
-    unweighted_loss, weights = self._unweighted_loss_and_weights(
-        logits, processed_labels, features)
-    self._update_loss_metrics(eval_metrics, unweighted_loss, weights,
-                              regularization_losses)
+  def _update_metrics(self, eval_metrics, predictions, labels, weights,
+                      labels_as_given):
+    """The means of the predictions and of the labels as given."""
+    del labels
     eval_metrics[self._summary_key(_KEYS.LABEL_MEAN)].update_state(
-        values=labels, sample_weight=weights)
+        values=labels_as_given, sample_weight=weights)
     base_head.update_metric_with_broadcast_weights(
         eval_metrics[self._summary_key(_KEYS.PREDICTION_MEAN)],
-        predicted_value, weights)
-    return eval_metrics
+        predictions[_PRED.PREDICTIONS], weights)
 
   def _export_outputs(self, predictions):
     return base_head.export_outputs(
