@@ -161,6 +161,9 @@ ERRORS = {
         h.BinaryClassHead(), train_op_fn=tf.identity,
         optimizer=tf.keras.optimizers.legacy.SGD(0.1),
         trainable_variables=[]),
+    'keras_optimizer_without_get_updates': lambda h: _train_spec(
+        h.BinaryClassHead(), optimizer=tf.keras.optimizers.SGD(0.1),
+        trainable_variables=[]),
     'no_trainable_variables': lambda h: _train_spec(
         h.BinaryClassHead(), optimizer=tf.keras.optimizers.legacy.SGD(0.1)),
     'update_ops_not_a_list': lambda h: _train_spec(

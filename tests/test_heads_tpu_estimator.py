@@ -26,10 +26,11 @@ SERVED = {'ClassificationOutput': ('scores', 'probabilities'),
 
 
 def model_fn_of(case, implementation='tpu_fc', tpu_spec=False,
-                cross_shard=True):
+                cross_shard=True, keras=False):
   """A linear model topped by the case's head, trained by SGD (summed over
   the shards by `CrossShardOptimizer` if `cross_shard`: TF 2.15's
-  use_tpu=False has no CPU kernel for it); `tpu_spec`: it returns the head's
+  use_tpu=False has no CPU kernel for it; `keras`: Keras' SGD, given to the
+  head, stepping the global step); `tpu_spec`: it returns the head's
   `TPUEstimatorSpec`."""
 
   def model_fn(features, labels, mode, params):
@@ -48,8 +49,14 @@ def model_fn_of(case, implementation='tpu_fc', tpu_spec=False,
 
     create = (head._create_tpu_estimator_spec if tpu_spec  # pylint: disable=protected-access
               else head.create_estimator_spec)
+    if not keras:
+      return create(features=features, mode=mode, logits=logits,
+                    labels=labels, train_op_fn=train_op_fn)
+    optimizer = tf.keras.optimizers.legacy.SGD(LR)
+    optimizer.iterations = tf.compat.v1.train.get_global_step()
     return create(features=features, mode=mode, logits=logits, labels=labels,
-                  train_op_fn=train_op_fn)
+                  optimizer=optimizer,
+                  trainable_variables=tf.compat.v1.trainable_variables())
 
   return model_fn
 
@@ -156,6 +163,19 @@ def test_head_trains_evaluates_predicts_and_exports(tmp_path, case, use_tpu):
 def test_tf_heads_run_in_tpu_fc_estimators(tmp_path, use_tpu):
   """What `install()` leaves bound on TF 2.15: TF's own heads."""
   train_evaluate_predict_export(tmp_path, 'multi_head', use_tpu, 'tf')
+
+
+@USE_TPU
+def test_a_keras_optimizer_trains_a_head(tmp_path, use_tpu):
+  estimator = _estimator('regression', tmp_path, use_tpu, keras=True)
+  estimator.train(input_fn_of('regression'), steps=1)
+  assert estimator.get_variable_value('global_step') == 1
+  features, labels, _ = heads.batch('regression')
+  x, start = features['x'], KERNEL[:, :2]
+  # d/dK of sum(w (x K - y)^2) / (batch * 2)
+  gradient = x.T @ (2 * features['w'] * (x @ start - labels)) / labels.size
+  np.testing.assert_allclose(estimator.get_variable_value('dense/kernel'),
+                             start - LR * gradient, rtol=1e-5)
 
 
 def test_emulated_tpu_evaluation_refuses_a_heads_specs_as_tf(tmp_path):
