@@ -262,6 +262,8 @@ def install() -> None:
   and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
   and, where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
   stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`.
+  On TF >= 2.16 the estimator namespaces also get the heads (`Head`,
+  `BinaryClassHead`, ..., `MultiHead`: `tpu_fc.estimator.head`).
   Loads TensorFlow.
   """
   if _bindings:
