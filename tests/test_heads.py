@@ -317,8 +317,7 @@ def test_binary_classification_metrics_by_hand():
 
 
 def test_binary_predictions_and_outputs_by_hand():
-  _, labels, logits = heads.batch('binary_vocabulary')
-  del labels
+  logits = heads.batch('binary_vocabulary').logits
   structure, values = graph_results('tpu_fc', 'binary_vocabulary', PREDICT)
   assert structure['export_outputs'] == {
       'serving_default': 'ClassificationOutput',

@@ -21,8 +21,6 @@ from harness import lanes
 
 LR = 0.5
 KERNEL = np.array([[0.5, -0.25, 0.75], [-0.5, 1., 0.25]], np.float32)
-SERVED = {'ClassificationOutput': ('scores', 'probabilities'),
-          'RegressionOutput': ('outputs', 'predictions')}
 
 
 def model_fn_of(case, implementation='tpu_fc', tpu_spec=False,
