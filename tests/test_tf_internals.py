@@ -171,3 +171,20 @@ def test_a_saved_model_export_is_known_while_its_functions_trace(tmp_path):
   assert not internals.in_saved_model_export()
   tf.saved_model.save(module, str(tmp_path))
   assert seen == [True]
+
+
+def test_head_helpers_on_real_objects():
+  features = {'w': tf.constant([[2.], [4.]]), 'i': tf.constant([1, 3])}
+  for column in (tf.feature_column.numeric_column('w'),
+                 tf.compat.v1.feature_column.numeric_column('i')):
+    assert isinstance(column, internals.NUMERIC_COLUMN_TYPES)
+  weights = internals.numeric_column_dense_tensor(
+      tf.feature_column.numeric_column('w'), features)
+  assert weights.numpy().tolist() == [[2.], [4.]]
+  assert internals.numeric_column_dense_tensor(
+      tf.feature_column.numeric_column('i'), features).shape == [2, 1]
+  losses = tf.constant([[1.], [3.]])
+  assert internals.compute_weighted_loss(
+      losses, weights, 'sum_over_batch_size').numpy() == 7.
+  assert internals.broadcast_weights(
+      1., tf.zeros([2, 3])).numpy().tolist() == [[1.] * 3] * 2

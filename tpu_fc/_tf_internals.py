@@ -217,6 +217,28 @@ EMBEDDING_AND_NUMERIC_COLUMN_TYPES = (
     (core_fc_v1._EmbeddingColumn, fc_lib.EmbeddingColumn,
      core_fc_v1._SharedEmbeddingColumn))
 
+# Heads --------------------------------------------------------------------------------
+
+# The column types a head's `weight_column` may be (a string is made one).
+NUMERIC_COLUMN_TYPES = (fc_lib.NumericColumn, core_fc_v1._NumericColumn)
+
+
+def numeric_column_dense_tensor(column, features):
+  """`column`'s tensor of `features`, through the v1 column API TF's heads
+  read weights with (a rank-1 feature gets a last dimension of 1)."""
+  return column._get_dense_tensor(core_fc_v1._LazyBuilder(features))
+
+
+def compute_weighted_loss(losses, sample_weight, reduction):
+  """Keras' weighted loss reduction, which TF's heads reduce their losses
+  with (read on call: it loads Keras)."""
+  return tf.compat.v2.keras.__internal__.losses.compute_weighted_loss(
+      losses, sample_weight=sample_weight, reduction=reduction)
+
+
+# Weights broadcast to a metric's values, as TF's heads weight their metrics.
+broadcast_weights = tf.compat.v2.__internal__.ops.broadcast_weights
+
 # TPU -----------------------------------------------------------------------------------
 
 tpu_shard_context = tpu_function.tpu_shard_context

@@ -41,6 +41,7 @@ from tpu_fc import columns
 from tpu_fc import export as export_lib
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
+from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
 _LEGACY_EMBEDDING_MODULE = 'tensorflow.python.tpu.tpu_embedding'
@@ -56,6 +57,16 @@ _SESSION_RUN_HOOK_NAMES = (
     'CheckpointSaverListener', 'StepCounterHook', 'SummarySaverHook',
     'NanTensorHook', 'NanLossDuringTrainingError', 'GlobalStepWaiterHook',
     'FinalOpsHook', 'FeedFnHook', 'ProfilerHook', 'SecondOrStepTimer')
+
+# `tf.estimator`'s heads and their modules in `tpu_fc.estimator.head`, bound
+# where TF has no heads (TF >= 2.16; TF 2.15's namespace keeps its own).
+_HEADS = {'Head': 'base_head', 'BinaryClassHead': 'binary_class_head',
+          'MultiClassHead': 'multi_class_head',
+          'MultiLabelHead': 'multi_label_head',
+          'RegressionHead': 'regression_head',
+          'PoissonRegressionHead': 'regression_head',
+          'LogisticRegressionHead': 'regression_head',
+          'MultiHead': 'multi_head'}
 
 # (owner, attribute, had it, original value), in binding order.
 _bindings = []
@@ -167,6 +178,10 @@ def _estimator_namespace(name, original, v1):
           estimator.train_and_evaluate, original_getter),
       add_metrics=_for_tpu_fc_estimators(extenders.add_metrics,
                                          original_getter))
+  if TF_VERSION >= (2, 16):
+    names.update({head: getattr(importlib.import_module(
+        'tpu_fc.estimator.head.' + module), head)
+                  for head, module in _HEADS.items()})
   if v1:
     names['inputs'] = _Namespace(
         name + '.inputs', {}, _attribute_getter(original_getter, 'inputs'),
@@ -255,7 +270,9 @@ def install() -> None:
   and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
   where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
   stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`;
-  and tensorflow-recommenders' `TPUEmbedding` layer, wherever TFRS's modules
+  on TF >= 2.16 the heads in the estimator namespaces (`Head`,
+  `BinaryClassHead`, ..., `MultiHead`: `tpu_fc.estimator.head`); and
+  tensorflow-recommenders' `TPUEmbedding` layer, wherever TFRS's modules
   hold it, to `tpu_fc.tfrs.TPUEmbedding`: now if TFRS is loaded, else when
   it is imported.  Loads TensorFlow (not TFRS).
   """
