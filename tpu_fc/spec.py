@@ -550,6 +550,55 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         gradient_multiplier=(None if multiplier_fn is None else
                              GlobalStepFunction(multiplier_fn, global_step)))
 
+  def to_keras_rs(self, batch_size: int | None = None,
+                  global_step: Any = None) -> dict[str, Any]:
+    """The spec as keras-rs configs, for `tpu_fc.keras_rs.DistributedEmbedding`.
+
+    Tables are named as `to_mid_level()` names them, one `TableConfig` per
+    table (shared ones too), with its vocabulary, dimension, initializer,
+    combiner ('sum' for a dict table's `combiner=None`), placement 'auto' and
+    its optimizer as the Keras 3 optimizer keras-rs converts to the TPU's
+    (SGD, Adagrad, Adam, FTRL; weight decay as `weight_decay`, symmetric
+    gradient clipping as `clipvalue`, a table's `learning_rate_fn` as a
+    callable learning rate).  A feature's `input_shape` is `(batch_size,
+    None)`, its `output_shape` `(batch_size, dimension)`; a sequence feature
+    (`max_sequence_length` N) has `(batch_size, N)` and `(batch_size, N,
+    dimension)`: fed a RaggedTensor, each example's first N ids are looked up
+    (TF's TPU rule for such an output shape), as the legacy sequence column
+    did.  What keras-rs cannot carry is refused (docs/keras_rs.md lists it);
+    `clipping_limit`, `partition_strategy` and `profile_data_directory` change
+    no number and are left behind.
+
+    Args:
+      batch_size: the batch of the layer's input (keras-rs's shapes are the
+        global batch's); None: any, except for sequence features, which need
+        it.
+      global_step: the step variable the tables' `learning_rate_fn`s read, as
+        for `to_mid_level` (under `model.fit`: the model optimizer's
+        `iterations`, which counts the steps before each update).
+
+    Returns:
+      {feature name: `keras_rs.layers.FeatureConfig`}.
+
+    Raises:
+      ValueError: what keras-rs cannot carry, naming the table (or feature)
+        and the field: an optimizer other than SGD, Adagrad, Adam and FTRL,
+        `use_gradient_accumulation=False`, `clip_weight_min` / `max`,
+        asymmetric gradient clipping,
+        `multiply_weight_decay_factor_by_learning_rate`, Adam's
+        `lazy_adam=False` or `sum_inside_sqrt=False`, FTRL's
+        `multiply_linear_by_learning_rate`, `allow_zero_accumulator` or
+        `initial_accumulator_value=0`, a table's `quantization_config`,
+        `experimental_gradient_multiplier_fn`,
+        `pipeline_execution_with_tensor_core=True` (a layer argument),
+        tensor-core columns, or a sequence feature without `batch_size`; and
+        `to_mid_level`'s checks of the spec.
+      TypeError: `to_mid_level`'s.
+      ImportError: keras-rs is not installed (it needs Python >= 3.11).
+    """
+    from tpu_fc import keras_rs  # pylint: disable=g-import-not-at-top  (Keras 3)
+    return keras_rs.feature_configs(self, batch_size, global_step)
+
 
 class GlobalStepFunction:
   """A legacy `function(global_step)` (a `learning_rate_fn`, the gradient
@@ -663,14 +712,23 @@ class MidLevelConfig:
     return inputs, weights
 
 
+def table_learning_rate(table: TableSpec, global_step: Any = None) -> Any:
+  """A table's own learning rate by the legacy precedence: a truthy
+  `learning_rate`, else `learning_rate_fn(global_step)` as a zero-argument
+  callable (`GlobalStepFunction`); None: its optimizer's."""
+  if table.learning_rate:
+    return table.learning_rate
+  if table.learning_rate_fn is not None:
+    return GlobalStepFunction(table.learning_rate_fn, global_step)
+  return None
+
+
 def _mid_level_optimizer(table, default_parameters, global_step):
   """Per-table mid-level optimizer, honouring the legacy learning-rate precedence."""
-  parameters = table.optimizer or default_parameters
-  if table.learning_rate:
-    return parameters.to_mid_level(learning_rate=table.learning_rate)
-  if table.learning_rate_fn is not None:
-    return parameters.to_mid_level(learning_rate=GlobalStepFunction(
-        table.learning_rate_fn, global_step))
+  learning_rate = table_learning_rate(table, global_step)
+  if learning_rate is not None:
+    return (table.optimizer or default_parameters).to_mid_level(
+        learning_rate=learning_rate)
   if table.optimizer is not None:
     return table.optimizer.to_mid_level()
   return None

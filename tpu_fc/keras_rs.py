@@ -1,0 +1,376 @@
+"""keras-rs's `DistributedEmbedding` trained on a CPU as a TPU's SparseCore trains it.
+
+keras-rs 0.4 on a CPU places every table on the default device as a plain Keras
+variable: the model's optimizer trains it with Keras' rules (one update per
+occurrence of a repeated id, Adagrad's epsilon, Adam's bias correction, weight
+decay on every row) and no `TableConfig.optimizer` is used.  On a TPU with a
+SparseCore (TensorFlow backend, embedding feature V1) keras-rs looks its tables up
+with TF's mid-level `TPUEmbedding` instead, and a `tf.custom_gradient` over a
+trainable dummy variable hands the activation gradients to its
+`apply_gradients` when the model's gradients are computed: each table is
+trained by its own optimizer, whatever the model's.
+
+`DistributedEmbedding` here takes that same path on a CPU, its SparseCore
+emulated by `tpu_fc.mid_level.TPUEmbedding` (the host engine, with the TPU
+update rules of `tpu_fc.reference`); under a `TPUStrategy` it is keras-rs's own
+layer.  `EmbeddingConfigSpec.to_keras_rs()` gives a legacy spec's tables as
+keras-rs configs (`feature_configs`), refusing what keras-rs cannot carry.
+
+keras and keras-rs are imported here only (Keras 3, on TensorFlow); keras-rs
+needs Python >= 3.11 and is installed on the latest lane.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import keras_rs
+# keras-rs's TensorFlow backend: its config conversion (what its SparseCore
+# path runs) and the name of its gradient-trap dummy; tests/test_keras_rs.py
+# checks that they are there.
+from keras_rs.src.layers.embedding.tensorflow import config_conversion
+from keras_rs.src.layers.embedding.tensorflow import distributed_embedding
+from keras_rs.src.utils import keras_utils
+
+from tpu_fc import _tf_internals as internals
+from tpu_fc import mid_level
+from tpu_fc import optimizers
+from tpu_fc import spec as spec_lib
+from tpu_fc._tf import tf
+
+# Fields of the legacy optimizers keras-rs has no setting for, by the value
+# that cannot be carried (a predicate), with why and what to do.  (keras-rs
+# builds every table's TPU optimizer from a Keras optimizer: learning rate,
+# weight decay, `clipvalue` and the fields of `config_conversion`'s mapping.)
+_COMMON_LOSSES = (
+    ('use_gradient_accumulation', lambda value: not value,
+     'keras-rs always sums a step\'s gradients of a row, from every core, into '
+     'one update (its TPU optimizers\' default); set it True, which on one core '
+     'changes nothing'),
+    ('clip_weight_min', lambda value: value is not None,
+     'Keras optimizers have no weight clipping; drop it'),
+    ('clip_weight_max', lambda value: value is not None,
+     'Keras optimizers have no weight clipping; drop it'),
+    ('multiply_weight_decay_factor_by_learning_rate', bool,
+     'keras-rs passes a Keras weight_decay as the TPU\'s weight_decay_factor, '
+     'never multiplied by the learning rate; multiply the factor by a constant '
+     'learning rate yourself, or drop it'),
+)
+_OPTIMIZER_LOSSES = {
+    optimizers.AdamParameters: (
+        ('lazy_adam', lambda value: not value,
+         'keras-rs builds the TPU\'s lazy Adam (only looked-up rows move); '
+         'set it True'),
+        ('sum_inside_sqrt', lambda value: not value,
+         'keras-rs builds the TPU\'s Adam with sum_inside_sqrt=True '
+         '(sqrt(v + epsilon**2)); set it True')),
+    optimizers.FtrlParameters: (
+        ('multiply_linear_by_learning_rate', bool,
+         'keras-rs builds the TPU\'s FTRL without it; set it False'),
+        ('allow_zero_accumulator', bool,
+         'keras-rs builds the TPU\'s FTRL without it; set it False'),
+        ('initial_accumulator_value', lambda value: value <= 0,
+         'the TPU\'s FTRL needs accumulators > 0; start them at a small '
+         'positive value, e.g. 1e-6')),
+}
+_KERAS_RS_OPTIMIZERS = (optimizers.StochasticGradientDescentParameters,
+                        optimizers.AdagradParameters, optimizers.AdamParameters,
+                        optimizers.FtrlParameters)
+
+
+def _refusal(table, field, value, why):
+  return ValueError('Table {}: {}={!r} cannot be carried to keras-rs: {}.'.format(
+      table, field, value, why))
+
+
+def _keras_optimizer(table: str, parameters: Any, learning_rate: Any) -> Any:
+  """The Keras 3 optimizer keras-rs converts to the TPU optimizer of `parameters`
+  (tpu_fc's legacy ones) with `learning_rate`; `ValueError` naming `table` and
+  the field for what keras-rs cannot carry."""
+  if not isinstance(parameters, _KERAS_RS_OPTIMIZERS):
+    raise _refusal(table, 'optimization_parameters', parameters,
+                   'keras-rs trains tables with SGD, Adagrad, Adam and FTRL only '
+                   '(as Keras optimizers); choose one of those, or keep the table '
+                   'on tpu_fc.TPUEstimator or tpu_fc.mid_level')
+  for field, lost, why in (_COMMON_LOSSES +
+                           _OPTIMIZER_LOSSES.get(type(parameters), ())):
+    if lost(getattr(parameters, field)):
+      raise _refusal(table, field, getattr(parameters, field), why)
+  low, high = parameters.clip_gradient_min, parameters.clip_gradient_max
+  if (low, high) != (None, None) and (low is None or high is None or
+                                      low != -high):
+    raise _refusal(table, 'clip_gradient_min, clip_gradient_max', (low, high),
+                   'keras-rs passes a Keras clipvalue c as the TPU\'s gradient '
+                   'clipping to [-c, c]; make the bounds symmetric')
+  common = dict(learning_rate=(learning_rate if callable(learning_rate)
+                               else float(learning_rate)),  # (Keras' type)
+                weight_decay=parameters.weight_decay_factor,
+                clipvalue=high)
+  if isinstance(parameters, optimizers.AdagradParameters):
+    return keras.optimizers.Adagrad(
+        initial_accumulator_value=parameters.initial_accumulator, **common)
+  if isinstance(parameters, optimizers.AdamParameters):
+    return keras.optimizers.Adam(beta_1=parameters.beta1,
+                                 beta_2=parameters.beta2,
+                                 epsilon=parameters.epsilon, **common)
+  if isinstance(parameters, optimizers.FtrlParameters):
+    return keras.optimizers.Ftrl(
+        learning_rate_power=parameters.learning_rate_power,
+        initial_accumulator_value=parameters.initial_accumulator_value,
+        l1_regularization_strength=parameters.l1_regularization_strength,
+        l2_regularization_strength=parameters.l2_regularization_strength,
+        beta=parameters.beta, **common)
+  return keras.optimizers.SGD(**common)
+
+
+def _keras_initializer(initializer: Any) -> Any:
+  """TF's truncated normal (the legacy default) as Keras' of the same mean,
+  standard deviation and seed, which `model.save` can write and read back;
+  another initializer as given."""
+  if not isinstance(initializer, tf.compat.v1.truncated_normal_initializer):
+    return initializer
+  return keras.initializers.TruncatedNormal(
+      mean=initializer.mean, stddev=initializer.stddev, seed=initializer.seed)
+
+
+def feature_configs(spec: spec_lib.EmbeddingConfigSpec,
+                    batch_size: int | None = None,
+                    global_step: Any = None) -> dict[str, Any]:
+  """What `EmbeddingConfigSpec.to_keras_rs` returns (its docstring)."""
+  if spec.experimental_gradient_multiplier_fn is not None:
+    raise ValueError(
+        'Every table: experimental_gradient_multiplier_fn cannot be carried to '
+        'keras-rs, which has no gradient multiplier: scale the loss instead if '
+        'the multiplier is constant, or stay on tpu_fc.mid_level '
+        '(MidLevelConfig.scale_gradients).')
+  if spec.pipeline_execution_with_tensor_core:
+    raise ValueError(
+        'Every table: pipeline_execution_with_tensor_core=True cannot be carried '
+        'in keras-rs FeatureConfigs: it is an argument of the layer. Convert '
+        'spec._replace(pipeline_execution_with_tensor_core=False) and pass '
+        'DistributedEmbedding(..., pipeline_execution_with_tensor_core=True).')
+  tensor_core = spec.tensor_core_layout().features
+  if tensor_core:
+    raise ValueError(
+        'Feature {}: embedding_lookup_device=\'tpu_tensor_core\' is not '
+        'converted: its keras-rs counterpart is a TableConfig with '
+        'placement=\'default_device\', trained by the model\'s optimizer as the '
+        'tensor core\'s tables were; write that TableConfig yourself.'.format(
+            tensor_core[0].name))
+  layout = spec.embedding_layout()
+  tables = {}
+  for table in layout.tables:
+    if table.quantization is not None:
+      raise _refusal(table.name, 'quantization_config', table.quantization,
+                     'keras-rs tables have no quantization')
+    parameters = table.optimizer or spec.optimization_parameters
+    learning_rate = spec_lib.table_learning_rate(table, global_step)
+    tables[table.name] = keras_rs.layers.TableConfig(
+        name=table.name, vocabulary_size=table.vocabulary_size,
+        embedding_dim=table.dimension,
+        initializer=_keras_initializer(table.initializer),
+        optimizer=_keras_optimizer(
+            table.name, parameters,
+            parameters.learning_rate if learning_rate is None else learning_rate),
+        combiner=table.combiner or 'sum', placement='auto')
+  configs = {}
+  for feature in layout.features:
+    table = tables[feature.table]
+    if feature.is_sequence and batch_size is None:
+      raise ValueError(
+          'Feature {}: max_sequence_length={} needs the batch size in keras-rs, '
+          'whose output shape [batch, {}, {}] reads a RaggedTensor as a sequence '
+          'per example only against a known batch: pass to_keras_rs(batch_size='
+          '...).'.format(feature.name, feature.max_sequence_length,
+                         feature.max_sequence_length, table.embedding_dim))
+    positions = ((feature.max_sequence_length,) if feature.is_sequence else ())
+    configs[feature.name] = keras_rs.layers.FeatureConfig(
+        name=feature.name, table=table,
+        input_shape=(batch_size,) + (positions or (None,)),
+        output_shape=(batch_size,) + positions + (table.embedding_dim,))
+  return configs
+
+
+def _batch_from_input(config: Any) -> Any:
+  """A converted `FeatureConfig` whose output shape is `[None]` (a batch left
+  unknown, one activation per example) without it: on a TPU it would have to be
+  known; the emulation takes each enqueue's batch (`tpu_fc.mid_level`)."""
+  if config.output_shape.as_list() != [None]:
+    return config
+  return tf.tpu.experimental.embedding.FeatureConfig(
+      table=config.table, max_sequence_length=config.max_sequence_length,
+      validate_weights_and_indices=config.validate_weights_and_indices,
+      name=config.name)
+
+
+@keras.saving.register_keras_serializable(package='tpu_fc')
+class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
+  """`keras_rs.layers.DistributedEmbedding`, its SparseCore emulated off a TPU.
+
+  Under a `TPUStrategy` every method is keras-rs's.  Elsewhere (a CPU, the
+  default strategy) the tables keras-rs would put on a SparseCore -- placement
+  'auto' or 'sparsecore', and every `tf.tpu.experimental.embedding.FeatureConfig`
+  -- are looked up and trained by `tpu_fc.mid_level.TPUEmbedding` on keras-rs's
+  own SparseCore path: its configs converted as keras-rs converts them, its
+  gradient trap (a `tf.custom_gradient` over a trainable dummy variable) handing
+  the activation gradients to `apply_gradients` when the model's gradients are
+  computed.  Each table is so trained by its `TableConfig.optimizer` with the
+  TPU rules (repeated ids summed per row, callable learning rates read then,
+  gradient clipping, weight decay of the looked-up rows) in `model.fit` and in
+  a custom loop whose tape takes the gradient of the model's trainable
+  variables (the dummy among them); the model's optimizer sees the dummy only.
+  'default_device' tables stay keras-rs's (Keras variables, trained by the
+  model's optimizer).
+
+  The emulated tables are no Keras variables: `get_embedding_tables()` gives
+  them by table name; a `tf.train.Checkpoint` of the layer (or of a model
+  holding it) holds them and their slots as `embedding/<table>` and
+  `embedding/<table>/<slot>`, and `save_weights` / `model.save` by those names
+  (keras-rs on a TPU keeps them in neither).
+
+  Args:
+    feature_configs: a nest of `keras_rs.layers.FeatureConfig` (or of
+      `tf.tpu.experimental.embedding.FeatureConfig`), as keras-rs takes it.
+    **kwargs: keras-rs's (`table_stacking`, `update_stats`, its TensorFlow
+      backend's `optimizer` and `pipeline_execution_with_tensor_core`, a
+      layer's); `sparse_core_embedding_config` is refused off a TPU (the
+      emulated SparseCore is TF's `TPUEmbedding`, which takes none).
+
+  Raises:
+    ValueError: keras-rs's checks of the configs (an optimizer or an option
+      keras-rs cannot convert, ...), or a `sparse_core_embedding_config`
+      off a TPU.
+    NotImplementedError: a table the host engine cannot train (a combiner
+      other than 'mean', 'sum', 'sqrtn').
+  """
+
+  def _emulated(self) -> bool:
+    return isinstance(getattr(self, '_tpu_embedding', None),
+                      mid_level.TPUEmbedding)
+
+  def _on_tpu(self) -> bool:
+    return self._is_tpu_strategy(tf.distribute.get_strategy())
+
+  def _has_sparsecore(self) -> bool:
+    """keras-rs's answer under a `TPUStrategy`; elsewhere the emulated one."""
+    return super()._has_sparsecore() if self._on_tpu() else True
+
+  @keras_utils.no_automatic_dependency_tracking
+  def _sparsecore_init(self, feature_configs: dict[str, Any],
+                       table_stacking: Any) -> None:
+    if self._on_tpu():
+      super()._sparsecore_init(feature_configs, table_stacking)
+      return
+    if self._sparse_core_embedding_config is not None:
+      raise ValueError(
+          'sparse_core_embedding_config is not taken off a TPU: the emulated '
+          'SparseCore is TF\'s TPUEmbedding (embedding feature V1), which takes '
+          'none, as keras-rs on such a TPU. Leave it out.')
+    self._table_stacking = table_stacking  # (keras-rs's get_config reads it)
+    first = next(iter(feature_configs.values()))
+    self._using_keras_rs_configuration = isinstance(
+        first, keras_rs.layers.FeatureConfig)
+    if self._using_keras_rs_configuration:
+      configs, _ = config_conversion.keras_to_tf_tpu_configuration(
+          feature_configs, table_stacking, num_replicas_in_sync=1)
+    else:
+      configs = config_conversion.clone_tf_tpu_feature_configs(feature_configs)
+    self._tpu_feature_configs = tf.nest.map_structure(_batch_from_input,
+                                                      configs)
+    self._tpu_optimizer = config_conversion.to_tf_tpu_optimizer(
+        self._optimizer)
+    self._tpu_embedding = mid_level.TPUEmbedding(
+        self._tpu_feature_configs, self._tpu_optimizer,
+        self._pipeline_execution_with_tensor_core)
+    self._v1_call_id = 0  # (keras-rs's lookup counts its calls)
+    self._gradient_trap_dummy = self.add_weight(
+        name=distributed_embedding.GRADIENT_TRAP_DUMMY_NAME, shape=(1,),
+        initializer='zeros', trainable=True, dtype='float32')
+
+  def _sparsecore_build(self, input_shapes: dict[str, Any]) -> None:
+    if not self._emulated():
+      super()._sparsecore_build(input_shapes)
+      return
+    # Built without them: a functional model builds with the batch unknown,
+    # and each enqueue checks its inputs against the configs' output shapes.
+    self._built_embedding()
+
+  def _built_embedding(self) -> mid_level.TPUEmbedding:
+    embedding = self._tpu_embedding
+    embedding.embedding_tables  # pylint: disable=pointless-statement  (builds)
+    return embedding
+
+  def _sparsecore_call(self, inputs: dict[str, Any], weights: Any = None,
+                       training: bool = False) -> dict[str, Any]:
+    if not self._emulated():
+      return super()._sparsecore_call(inputs, weights, training)
+    return self._tpu_embedding_lookup_v1(self._tpu_embedding, inputs, weights)
+
+  def _sparsecore_get_embedding_tables(self) -> dict[str, Any]:
+    if not self._emulated():
+      return super()._sparsecore_get_embedding_tables()
+    return {table.name: tf.convert_to_tensor(variable)
+            for table, variable in self._tpu_embedding.embedding_tables.items()}
+
+  def _trackable_children(self, save_type: str = 'checkpoint',
+                          **kwargs: Any) -> dict[str, Any]:
+    children = super()._trackable_children(save_type, **kwargs)
+    if self._emulated():
+      children['embedding'] = self._tpu_embedding
+    return children
+
+  def _emulated_variables(self) -> dict[str, tf.Variable]:
+    """The emulated tables and slots by their checkpoint keys (`<table>`,
+    `<table>.S<slot>`), built."""
+    embedding = self._built_embedding()
+    return {internals.escape_checkpoint_name(name): child for name, child in
+            tf.train.TrackableView(embedding).children(embedding).items()
+            if isinstance(child, tf.Variable)}
+
+  def save_own_variables(self, store: Any) -> None:
+    """keras-rs's under a `TPUStrategy`; emulated, the tables and slots by
+    their checkpoint keys (`<table>`, `<table>.S<slot>`), not the dummy.
+
+    Args:
+      store: Keras' store of this layer's weights (`save_weights`,
+        `model.save`).
+    """
+    if not self._emulated():
+      super().save_own_variables(store)
+      return
+    for key, variable in self._emulated_variables().items():
+      store[key] = variable.numpy()
+
+  def load_own_variables(self, store: Any) -> None:
+    """keras-rs's under a `TPUStrategy`; emulated, what `save_own_variables`
+    stored, every table and slot.
+
+    Args:
+      store: Keras' store of this layer's weights (`load_weights`,
+        `keras.models.load_model`).
+
+    Raises:
+      ValueError: the store holds other keys than the emulated tables and
+        slots (e.g. weights saved by keras-rs's own layer on a CPU), or a
+        value of another shape.
+    """
+    if not self._emulated():
+      super().load_own_variables(store)
+      return
+    variables = self._emulated_variables()
+    if sorted(store.keys()) != sorted(variables):
+      raise ValueError(
+          'Layer {}: the weights hold {}, but its emulated SparseCore tables and '
+          'slots are {}. Load weights saved by tpu_fc.keras_rs.DistributedEmbedding '
+          'with the same TableConfigs (keras-rs\'s own layer on a CPU saves its '
+          'tables as Keras variables: load them with tpu_fc.keras_rs.restore from '
+          'a checkpoint instead).'.format(self.name, sorted(store.keys()),
+                                          sorted(variables)))
+    for key, variable in variables.items():
+      value = store[key]
+      if tuple(value.shape) != tuple(variable.shape):
+        raise ValueError(
+            'Layer {}: {} has shape {} in the weights, {} in the layer (its '
+            'vocabulary_size or embedding_dim changed?).'.format(
+                self.name, key, list(value.shape), variable.shape.as_list()))
+      variable.assign(value)
