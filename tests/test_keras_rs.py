@@ -509,6 +509,9 @@ def test_spec_settings_keras_rs_cannot_carry_are_refused():
     with pytest.raises(ValueError, match='^(Every table|Feature [ts]): ' +
                        field.replace('(', r'\(')):
       spec.to_keras_rs()
+  with pytest.raises(ValueError, match='^Table tbl_a: its learning_rate_fn '
+                     r'reads the global step.*to_keras_rs\(global_step='):
+    _spec(tpu_fc.AdagradParameters(0.1), learning_rate_fn=_rate_fn).to_keras_rs()
   table = tf.tpu.experimental.embedding.TableConfig(
       5, 2, name='q', quantization_config=(
           tf.tpu.experimental.embedding.QuantizationConfig(4, -1., 1.)))

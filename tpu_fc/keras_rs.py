@@ -14,10 +14,10 @@ trained by its own optimizer, whatever the model's.
 emulated by `tpu_fc.mid_level.TPUEmbedding` (the host engine, with the TPU
 update rules of `tpu_fc.reference`); under a `TPUStrategy` it is keras-rs's own
 layer.  `EmbeddingConfigSpec.to_keras_rs()` gives a legacy spec's tables as
-keras-rs configs (`feature_configs`), refusing what keras-rs cannot carry.
+its configs, refusing what keras-rs cannot carry (`docs/keras_rs.md`).
 
-keras and keras-rs are imported here only (Keras 3, on TensorFlow); keras-rs
-needs Python >= 3.11 and is installed on the latest lane.
+keras and keras-rs (Keras 3, on TensorFlow) are imported here and, lazily, in
+`to_keras_rs`; keras-rs needs Python >= 3.11 and is on the latest lane only.
 """
 from __future__ import annotations
 

@@ -573,9 +573,10 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
       batch_size: the batch of the layer's input (keras-rs's shapes are the
         global batch's); None: any, except for sequence features, which need
         it.
-      global_step: the step variable the tables' `learning_rate_fn`s read, as
-        for `to_mid_level` (under `model.fit`: the model optimizer's
-        `iterations`, which counts the steps before each update).
+      global_step: the step variable the tables' `learning_rate_fn`s read
+        when the gradients are computed (under `model.fit`: the model
+        optimizer's `iterations`, which counts the steps before; needed if a
+        table has a `learning_rate_fn`).
 
     Returns:
       {feature name: `keras_rs.layers.FeatureConfig`}.
@@ -591,8 +592,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         `initial_accumulator_value=0`, a table's `quantization_config`,
         `experimental_gradient_multiplier_fn`,
         `pipeline_execution_with_tensor_core=True` (a layer argument),
-        tensor-core columns, or a sequence feature without `batch_size`; and
-        `to_mid_level`'s checks of the spec.
+        tensor-core columns; a sequence feature without `batch_size`, a
+        `learning_rate_fn` without `global_step`; and `to_mid_level`'s checks
+        of the spec.
       TypeError: `to_mid_level`'s.
       ImportError: keras-rs is not installed (it needs Python >= 3.11).
     """
@@ -605,6 +607,13 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         raise _keras_rs_refusal('Table ' + table.name, 'quantization_config',
                                 table.quantization,
                                 'keras-rs tables have no quantization')
+      if (table.learning_rate_fn is not None and not table.learning_rate and
+          global_step is None):
+        raise ValueError(
+            'Table {}: its learning_rate_fn reads the global step, which '
+            'nothing counts in keras-rs: pass to_keras_rs(global_step=...), the '
+            'counter your training increments (under model.fit the model '
+            'optimizer\'s iterations).'.format(table.name))
       parameters = table.optimizer or self.optimization_parameters
       learning_rate = table_learning_rate(table, global_step)
       tables[table.name] = keras_rs.layers.TableConfig(
