@@ -88,6 +88,8 @@ SECTIONS = (
         ('tpu_fc.checkpoint_conversion.to_mid_level_checkpoint', ()),
         ('tpu_fc.checkpoint_conversion.to_legacy_checkpoint', ()),
         ('tpu_fc.checkpoint_conversion.inspect_checkpoint', ()),
+        ('tpu_fc.checkpoint_conversion.restore_embedding', ()),
+        ('tpu_fc.checkpoint_conversion.save_embedding', ()),
         ('tpu_fc.checkpoint_conversion.CheckpointConversionError', ()))),
     ('tpu_fc.serving', 'tpu_fc.serving', (
         ('tpu_fc.serving.export_mid_level_saved_model', ()),)),

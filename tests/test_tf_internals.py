@@ -147,3 +147,27 @@ def test_hook_helpers_on_real_hooks(tmp_path):
   counter = tf.compat.v1.train.StepCounterHook(every_n_steps=1)
   internals.set_steps_per_run(counter, 5)
   assert counter._steps_per_run == 5  # pylint: disable=protected-access
+
+
+def test_mid_level_configs_and_variables_of_tfs_own_class():
+  table = tf.tpu.experimental.embedding.TableConfig(4, 2, name='t')
+  features = {'f': tf.tpu.experimental.embedding.FeatureConfig(table)}
+  embedding = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+      features, tf.tpu.experimental.embedding.Adagrad(0.1))
+  embedding.build()
+  assert tf.nest.flatten(internals.mid_level_feature_config(embedding)) == [
+      features['f']]
+  variables = internals.mid_level_variables(embedding)
+  assert sorted(variables['t']) == ['accumulators', 'parameters']
+  assert variables['t']['parameters'] is embedding.embedding_tables[table]
+
+
+def test_a_saved_model_export_is_known_while_its_functions_trace(tmp_path):
+  seen = []
+  module = tf.Module()
+  module.f = tf.function(
+      lambda: seen.append(internals.in_saved_model_export()) or tf.constant(1),
+      input_signature=[])
+  assert not internals.in_saved_model_export()
+  tf.saved_model.save(module, str(tmp_path))
+  assert seen == [True]

@@ -21,6 +21,7 @@ from tensorflow.python.ops import summary_ops_v2
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.saved_model import path_helpers
+from tensorflow.python.saved_model import save_context
 from tensorflow.python.saved_model.model_utils import export_output
 from tensorflow.python.saved_model.model_utils import export_utils
 from tensorflow.python.tpu import feature_column as tpu_fc_v1
@@ -251,3 +252,23 @@ def forget_shared_table(creator, graph):
   """Drops a `SharedEmbeddingColumnCreator`'s cached table of `graph`, so the
   next column to ask for it creates it again."""
   creator._embedding_weights.pop(graph._graph_key, None)
+
+
+def mid_level_feature_config(embedding):
+  """The nest of `FeatureConfig`s a mid-level API object was made with (the
+  tables' configs hold the optimizer each trains with)."""
+  return embedding._feature_config
+
+
+def mid_level_variables(embedding):
+  """`{table name: {'parameters': table, slot name: slot}}` of a built
+  mid-level API object (TF's or tpu_fc's), the slots a
+  `slot_variable_creation_fn` made elsewhere (a Keras optimizer's) included:
+  its checkpoint children lack those."""
+  return embedding._variables
+
+
+# Whether a SavedModel is being written (`tf.saved_model.save` traces the
+# functions it exports within): tpu_fc's Keras layers then export their CPU
+# lookup, as TF's serving classes do.
+in_saved_model_export = save_context.in_save_context
