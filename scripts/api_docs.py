@@ -94,7 +94,9 @@ SECTIONS = (
     ('tpu_fc.serving', 'tpu_fc.serving', (
         ('tpu_fc.serving.export_mid_level_saved_model', ()),)),
     ('tpu_fc.keras_rs', 'tpu_fc.keras_rs', (
-        ('tpu_fc.keras_rs.DistributedEmbedding', ()),)),
+        ('tpu_fc.keras_rs.DistributedEmbedding', ()),
+        ('tpu_fc.keras_rs.restore', ()),
+        ('tpu_fc.keras_rs.save', ()))),
 )
 # The package a section's module needs that not every lane has (keras-rs:
 # Keras 3 and Python >= 3.11, the latest lane's).  Without it, the section is

@@ -8,6 +8,8 @@ epsilon, Adam without bias correction, TF's FTRL, decoupled weight decay of the
 looked-up rows); keras-rs's own layer on a CPU (Keras' rules) is the wrong
 answer they must reject.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -17,7 +19,10 @@ import keras  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-pos
 
 import tpu_fc  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from tpu_fc import keras_rs as tpu_fc_keras_rs  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from tpu_fc import checkpoint_conversion as conversion  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from tpu_fc._tf import tf  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+from harness import checkpoints  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 fc = tf.feature_column
 F32 = np.float32
@@ -141,12 +146,12 @@ def _loss(labels, activations):
   return tf.reduce_sum(labels * activations, axis=-1)
 
 
-def _fit(layer, model_optimizer, steps=2):
+def _fit(layer, model_optimizer, steps=2, **compile_options):
   """`steps` of `model.fit` on IDS; the model's output is the activation."""
   inputs = {'a': keras.Input(shape=(None,), ragged=True, dtype='int64',
                              name='a')}
   model = keras.Model(inputs, layer(inputs)['a'])
-  model.compile(optimizer=model_optimizer, loss=_loss)
+  model.compile(optimizer=model_optimizer, loss=_loss, **compile_options)
   dataset = tf.data.Dataset.from_tensors(({'a': _ids()}, C)).repeat(steps)
   model.fit(dataset, verbose=0)
   return model
@@ -615,3 +620,106 @@ def test_keras_rs_internals_the_layer_uses_are_there():
                '_sparsecore_get_embedding_tables', '_has_sparsecore',
                '_tpu_embedding_lookup_v1', '_is_tpu_strategy'):
     assert callable(getattr(keras_rs.layers.DistributedEmbedding, name)), name
+
+
+# Legacy checkpoints -> keras-rs -> legacy ---------------------------------------
+
+# DenseFeatures concatenates its columns sorted by name: a, b, c, w.
+HARNESS_FEATURES = ('a', 'b', 'c', 'w')
+
+
+class HarnessModel(keras.Model):
+  """`harness.checkpoints.model_fn` in Keras: the spec's embeddings, then
+  Dense(1)."""
+
+  def __init__(self, spec):
+    super().__init__()
+    self.embedding = tpu_fc_keras_rs.DistributedEmbedding(spec.to_keras_rs())
+    self.dense = keras.layers.Dense(1)
+
+  def call(self, features):
+    activations = self.embedding(
+        {name: features[name] for name in HARNESS_FEATURES},
+        {name: features['w_weight'] if name == 'w' else None
+         for name in HARNESS_FEATURES})
+    return self.dense(keras.ops.concatenate(
+        [activations[name] for name in HARNESS_FEATURES], axis=1))
+
+
+def _legacy_embedding_values(values):
+  """The tables, their slots and the global step of a legacy checkpoint."""
+  return {name: value for name, value in values.items()
+          if not name.startswith('dense/')}
+
+
+@pytest.mark.parametrize('name', sorted(checkpoints.OPTIMIZERS))
+def test_legacy_to_keras_rs_and_back_then_five_steps_as_the_estimator(
+    name, tmp_path):
+  spec = checkpoints.make_spec(checkpoints.OPTIMIZERS[name])
+  sgd = {'model_optimizer': tf.compat.v1.train.GradientDescentOptimizer}
+  legacy_dir = tmp_path / 'legacy'
+  checkpoints.train(legacy_dir, spec, **sgd)
+  legacy = checkpoints.checkpoint_values(legacy_dir)
+  dataset = checkpoints.input_fn({'batch_size': checkpoints.BATCH})
+  model = HarnessModel(spec)
+  model(next(iter(dataset))[0])  # (builds it)
+  assert tpu_fc_keras_rs.restore(model.embedding, str(legacy_dir)) == 2
+  model.dense.set_weights([legacy['dense/kernel'], legacy['dense/bias']])
+
+  back = conversion.to_legacy_checkpoint(
+      spec, tpu_fc_keras_rs.save(model.embedding, str(tmp_path / 'kept'), 2),
+      str(tmp_path / 'back'))
+  restored = _legacy_embedding_values(legacy)
+  assert_same_values(checkpoints.checkpoint_values(back), restored)  # bit for bit
+
+  model.compile(optimizer=keras.optimizers.SGD(0.1), loss='mse')
+  model.fit(dataset, steps_per_epoch=5, verbose=0)
+  checkpoints.train(legacy_dir, spec, steps=5, **sgd)  # the estimator: 5 more
+  legacy = checkpoints.checkpoint_values(legacy_dir)
+  trained = checkpoints.checkpoint_values(conversion.to_legacy_checkpoint(
+      spec, tpu_fc_keras_rs.save(model.embedding, str(tmp_path / 'trained'),
+                                 7), str(tmp_path / 'trained_back')))
+  want = _legacy_embedding_values(legacy)
+  assert sorted(trained) == sorted(want)
+  for variable, value in want.items():
+    np.testing.assert_allclose(trained[variable], value, **TOL,
+                               err_msg=variable)
+  np.testing.assert_allclose(model.dense.kernel, legacy['dense/kernel'], **TOL)
+  assert all(_beyond_tolerance(trained[table], restored[table])
+             for table in (checkpoints.A_TABLE, checkpoints.SHARED_TABLE))  # (they did train)
+
+
+def assert_same_values(got, want):
+  assert sorted(got) == sorted(want)
+  for name, value in want.items():
+    np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_restore_and_save_carry_sparsecore_tables_only(tmp_path):
+  keras_layer = keras_rs.layers.DistributedEmbedding(_feature_configs(
+      keras.optimizers.SGD(LR), placement='default_device'))
+  for carry in (functools.partial(tpu_fc_keras_rs.restore, checkpoint='x'),
+                functools.partial(tpu_fc_keras_rs.save, path=str(tmp_path))):
+    with pytest.raises(ValueError, match="^Layer .*: every table has "
+                       "placement 'default_device'"):
+      carry(keras_layer)
+    with pytest.raises(TypeError, match='is no keras_rs.layers.Distributed'):
+      carry(keras.layers.Dense(1))
+
+
+def test_evaluate_and_predict_leave_the_tables_as_they_are():
+  layer = tpu_fc_keras_rs.DistributedEmbedding(
+      _feature_configs(RULES['adagrad'][0]()))
+  model = _fit(layer, keras.optimizers.SGD(LR), steps=4)
+  trained, _ = _table_and_slots(layer)
+  dataset = tf.data.Dataset.from_tensors(({'a': _ids()}, C))
+  model.evaluate(dataset, verbose=0)
+  predictions = model.predict(dataset, verbose=0)
+  np.testing.assert_array_equal(_table_and_slots(layer)[0], trained)
+  np.testing.assert_allclose(
+      predictions, [trained[ids].sum(axis=0) for ids in IDS], **TOL)
+  # Keras' loop of two steps per call traces the same step.
+  twice = tpu_fc_keras_rs.DistributedEmbedding(
+      _feature_configs(RULES['adagrad'][0]()))
+  _fit(twice, keras.optimizers.SGD(LR), steps=4, steps_per_execution=2)
+  np.testing.assert_array_equal(_table_and_slots(twice)[0], trained)

@@ -33,6 +33,7 @@ from keras_rs.src.layers.embedding.tensorflow import distributed_embedding
 from keras_rs.src.utils import keras_utils
 
 from tpu_fc import _tf_internals as internals
+from tpu_fc import checkpoint_conversion
 from tpu_fc import mid_level
 from tpu_fc._tf import tf
 
@@ -219,3 +220,82 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
             'vocabulary_size or embedding_dim changed?).'.format(
                 self.name, key, list(value.shape), variable.shape.as_list()))
       variable.assign(value)
+
+
+def _embedding_of(layer: DistributedEmbedding) -> Any:
+  """The layer's mid-level API object: the emulated SparseCore's, or on a TPU
+  keras-rs's own `TPUEmbedding`."""
+  if not isinstance(layer, keras_rs.layers.DistributedEmbedding):
+    raise TypeError('{!r} is no keras_rs.layers.DistributedEmbedding.'.format(
+        layer))
+  embedding = getattr(layer, '_tpu_embedding', None)
+  if embedding is None:
+    raise ValueError(
+        'Layer {}: every table has placement \'default_device\': they are Keras '
+        'variables, which model.save_weights / load_weights keep; restore and '
+        'save carry SparseCore tables (placement \'auto\' or \'sparsecore\').'
+        .format(layer.name))
+  return embedding
+
+
+def restore(layer: DistributedEmbedding, checkpoint: str,
+            spec: Any = None) -> int:
+  """Loads the layer's SparseCore tables and slots, by table name, from a
+  legacy TPUEstimator checkpoint or a mid-level one.
+
+  `checkpoint_conversion.restore_embedding` on the layer's `TPUEmbedding`:
+  the tables of `spec.to_keras_rs()` are named as the spec's, found in a
+  legacy checkpoint by tpu_fc's naming rules (or `spec`), their slots by the
+  legacy suffixes of each table's optimizer; all or nothing.  Its
+  'default_device' tables are Keras variables, left to Keras' weights.
+
+  Args:
+    layer: a `tpu_fc.keras_rs.DistributedEmbedding` (or keras-rs's own on a
+      TPU, not run here), built on the first call if it is not.
+    checkpoint: a checkpoint prefix, or a directory (its latest checkpoint).
+    spec: the `EmbeddingConfigSpec` that trained a legacy checkpoint, which
+      names its tables where the naming rules find none or several.
+
+  Returns:
+    The checkpoint's global step (0 if it has none): give it to the counter
+    a `learning_rate_fn` reads (`to_keras_rs(global_step=...)`).
+
+  Raises:
+    TypeError: `layer` is no keras-rs `DistributedEmbedding`.
+    ValueError: the layer has no SparseCore tables.
+    tpu_fc.checkpoint_conversion.CheckpointConversionError: a table missing
+      from the checkpoint, ambiguous, of another shape, or slots of another
+      optimizer (nothing is assigned then).
+  """
+  return checkpoint_conversion.restore_embedding(_embedding_of(layer),
+                                                 checkpoint, spec)
+
+
+def save(layer: DistributedEmbedding, path: str,
+         global_step: int | None = None) -> str:
+  """Writes the layer's SparseCore tables and slots in the mid-level layout.
+
+  `checkpoint_conversion.save_embedding` on the layer's `TPUEmbedding`:
+  `embedding/<table>`, `embedding/<table>/<slot>` and `global_step` in
+  `path/ckpt-<global step>`, which `python -m tpu_fc convert-checkpoint --to
+  legacy --spec ...` turns into a TPUEstimator checkpoint and `restore`
+  reads.  Its 'default_device' tables are Keras variables, not written.
+
+  Args:
+    layer: a `tpu_fc.keras_rs.DistributedEmbedding` (or keras-rs's own on a
+      TPU, not run here).
+    path: the directory to write to.
+    global_step: the global step to record (None: 0).
+
+  Returns:
+    The written checkpoint prefix.
+
+  Raises:
+    TypeError: `layer` is no keras-rs `DistributedEmbedding`.
+    ValueError: the layer has no SparseCore tables.
+    tpu_fc.checkpoint_conversion.CheckpointConversionError: `path` is a
+      file, a legacy model_dir, or holds a checkpoint of this global step or
+      later (never overwritten).
+  """
+  return checkpoint_conversion.save_embedding(_embedding_of(layer), path,
+                                              global_step)
