@@ -23,6 +23,7 @@ from tpu_fc import checkpoint_conversion as conversion  # noqa: E402  pylint: di
 from tpu_fc._tf import tf  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 from harness import checkpoints  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from harness import models  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 fc = tf.feature_column
 F32 = np.float32
@@ -402,20 +403,9 @@ def test_shared_tables_and_sequence_features_from_a_spec():
 # Configs ------------------------------------------------------------------------
 
 
-def _rate_fn(step):
-  return 0.5 / (1.0 + tf.cast(step, tf.float32))
-
-
 def test_configs_are_the_specs_tables_as_to_mid_level_names_them():
-  plain = tpu_fc.embedding_column(
-      fc.categorical_column_with_identity('a', 10), 4, combiner='sum',
-      learning_rate_fn=_rate_fn)
-  weighted = tpu_fc.embedding_column(
-      fc.weighted_categorical_column(
-          fc.categorical_column_with_identity('d', 7), 'd_weight'), 3,
-      combiner='sqrtn')
   spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=[plain, weighted],
+      feature_columns=models.spec_columns(tensor_core=False),
       optimization_parameters=tpu_fc.AdamParameters(
           0.25, beta1=0.5, beta2=0.75, epsilon=0.125, weight_decay_factor=0.5,
           clip_gradient_min=-2.0, clip_gradient_max=2.0))
@@ -430,10 +420,12 @@ def test_configs_are_the_specs_tables_as_to_mid_level_names_them():
             table.combiner, table.placement) == (
                 twin.name, twin.vocabulary_size, twin.dim, twin.combiner,
                 'auto')
-    assert config.input_shape == (8, None)
-    assert config.output_shape == (8, twin.dim)
+    positions = mid_level.feature_config[name].max_sequence_length
+    assert config.input_shape == (8, positions or None)
+    assert config.output_shape == (8,) + ((positions,) if positions else ()) + (
+        twin.dim,)
     # The TPU optimizer keras-rs makes of it is the mid-level twin.
-    ours = keras_rs_tpu_optimizer(table.optimizer)
+    ours = _keras_rs_tpu_optimizer(table.optimizer)
     assert type(ours) is type(twin.optimizer)
     for field in ('beta_1', 'beta_2', 'epsilon', 'lazy_adam',
                   'sum_inside_sqrt', 'weight_decay_factor',
@@ -448,9 +440,10 @@ def test_configs_are_the_specs_tables_as_to_mid_level_names_them():
     assert rates[0] == pytest.approx(rates[1])
   assert float(configs['a'].table.optimizer.learning_rate) == pytest.approx(
       0.125)  # 0.5 / (1 + 3)
+  assert configs['b'].table is configs['c'].table  # (one shared table)
 
 
-def keras_rs_tpu_optimizer(optimizer):
+def _keras_rs_tpu_optimizer(optimizer):
   return tpu_fc_keras_rs.config_conversion.to_tf_tpu_optimizer(optimizer)
 
 
@@ -516,7 +509,8 @@ def test_spec_settings_keras_rs_cannot_carry_are_refused():
       spec.to_keras_rs()
   with pytest.raises(ValueError, match='^Table tbl_a: its learning_rate_fn '
                      r'reads the global step.*to_keras_rs\(global_step='):
-    _spec(tpu_fc.AdagradParameters(0.1), learning_rate_fn=_rate_fn).to_keras_rs()
+    _spec(tpu_fc.AdagradParameters(0.1),
+          learning_rate_fn=models.rate_fn).to_keras_rs()
   table = tf.tpu.experimental.embedding.TableConfig(
       5, 2, name='q', quantization_config=(
           tf.tpu.experimental.embedding.QuantizationConfig(4, -1., 1.)))
