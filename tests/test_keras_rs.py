@@ -231,6 +231,46 @@ def test_an_eager_custom_loop_trains_as_a_traced_one():
   _assert_tpu_rule(layer, 'adagrad')
 
 
+def test_sparsecore_placement_and_tf_configs_are_emulated_too():
+  """keras-rs refuses both off a TPU; the emulated SparseCore takes them."""
+  configs = _feature_configs(RULES['adagrad'][0](), placement='sparsecore')
+  layer = tpu_fc_keras_rs.DistributedEmbedding(configs)
+  _loop(layer)
+  _assert_tpu_rule(layer, 'adagrad')
+  embedding = tf.tpu.experimental.embedding
+  table = embedding.TableConfig(5, 2, initializer=tf.constant_initializer(W0),
+                                optimizer=embedding.Adagrad(
+                                    LR, initial_accumulator_value=0.1),
+                                combiner='sum', name='table')
+  layer = tpu_fc_keras_rs.DistributedEmbedding(
+      {'a': embedding.FeatureConfig(table, name='a')})
+  _loop(layer)
+  _assert_tpu_rule(layer, 'adagrad')
+
+
+def test_default_device_tables_stay_keras_rss_beside_emulated_ones():
+  """In one layer: an 'auto' table trained by its Adagrad's TPU rule, a
+  'default_device' one by the model's SGD (a Keras variable)."""
+  emulated = _feature_configs(RULES['adagrad'][0]())['a']
+  keras_table = _feature_configs(RULES['adagrad'][0](),
+                                 placement='default_device')['a'].table
+  keras_table.name = 'keras_table'
+  configs = {'a': emulated, 'b': keras_rs.layers.FeatureConfig(
+      name='b', table=keras_table, input_shape=(4, None), output_shape=(4, 2))}
+  layer = tpu_fc_keras_rs.DistributedEmbedding(configs)
+  inputs = {name: keras.Input(shape=(None,), ragged=True, dtype='int64',
+                              name=name) for name in configs}
+  outputs = layer(inputs)
+  model = keras.Model(inputs, keras.layers.Add()([outputs['a'], outputs['b']]))
+  model.compile(optimizer=keras.optimizers.SGD(LR), loss=_loss)
+  model.fit(tf.data.Dataset.from_tensors(
+      ({'a': _ids(), 'b': _ids()}, C)).repeat(2), verbose=0)
+  _assert_tpu_rule(layer, 'adagrad')
+  np.testing.assert_allclose(layer.get_embedding_tables()['keras_table'],
+                             _tpu_steps(_sgd)[0], **TOL)
+  assert len(model.trainable_variables) == 2  # the dummy, the Keras table
+
+
 def test_adagrad_has_no_epsilon():
   """Gradients of 1e-5 against accumulators of 1e-10: Keras' epsilon (1e-7,
   which keras-rs requires and drops) would dominate them."""

@@ -37,11 +37,13 @@ from tpu_fc import checkpoint_conversion
 from tpu_fc import mid_level
 from tpu_fc._tf import tf
 
+
 def _batch_from_input(config: Any) -> Any:
   """A converted `FeatureConfig` whose output shape is `[None]` (a batch left
   unknown, one activation per example) without it: on a TPU it would have to be
   known; the emulation takes each enqueue's batch (`tpu_fc.mid_level`)."""
-  if config.output_shape.as_list() != [None]:
+  shape = config.output_shape
+  if shape.rank != 1 or shape[0] is not None:
     return config
   return tf.tpu.experimental.embedding.FeatureConfig(
       table=config.table, max_sequence_length=config.max_sequence_length,
@@ -72,7 +74,8 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
   them by table name; a `tf.train.Checkpoint` of the layer (or of a model
   holding it) holds them and their slots as `embedding/<table>` and
   `embedding/<table>/<slot>`, and `save_weights` / `model.save` by those names
-  (keras-rs on a TPU keeps them in neither).
+  (keras-rs on a TPU keeps them in neither); `keras.models.load_model` finds
+  the class once `tpu_fc.keras_rs` is imported.
 
   Args:
     feature_configs: a nest of `keras_rs.layers.FeatureConfig` (or of
