@@ -9,6 +9,7 @@ looked-up rows); keras-rs's own layer on a CPU (Keras' rules) is the wrong
 answer they must reject.
 """
 import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -193,9 +194,9 @@ def _assert_tpu_rule(layer, name, g=G, **options):
   np.testing.assert_allclose(table, expected_table, **TOL)
   assert sorted(slots) == sorted(expected_slots)
   for slot, value in expected_slots.items():
-    # A slot of the untouched row keeps its initial value (lazy).
-    np.testing.assert_allclose(slots[slot][LOOKED_UP], value[LOOKED_UP], **TOL,
-                               err_msg=slot)
+    # (the row never looked up keeps its initial slots: a zero gradient
+    # leaves these rules' slots as they are)
+    np.testing.assert_allclose(slots[slot], value, **TOL, err_msg=slot)
   np.testing.assert_array_equal(table[~LOOKED_UP], W0[~LOOKED_UP])
   if keras_rule is not None:
     assert _beyond_tolerance(table, _tpu_steps(rule, g, **options,
@@ -757,3 +758,21 @@ def test_evaluate_and_predict_leave_the_tables_as_they_are():
       _feature_configs(RULES['adagrad'][0]()))
   _fit(twice, keras.optimizers.SGD(LR), steps=4, steps_per_execution=2)
   np.testing.assert_array_equal(_table_and_slots(twice)[0], trained)
+
+
+def test_signatures_are_the_designs():
+  """DESIGN.md's: restore(layer, checkpoint, spec=None), save(layer, path,
+  global_step=None), DistributedEmbedding(feature_configs, ...) as keras-rs's."""
+  def parameters(function):
+    return [(p.name, p.default) for p in
+            inspect.signature(function).parameters.values()]
+
+  empty = inspect.Parameter.empty
+  assert parameters(tpu_fc_keras_rs.restore) == [
+      ('layer', empty), ('checkpoint', empty), ('spec', None)]
+  assert parameters(tpu_fc_keras_rs.save) == [
+      ('layer', empty), ('path', empty), ('global_step', None)]
+  assert parameters(tpu_fc_keras_rs.DistributedEmbedding) == parameters(
+      keras_rs.layers.DistributedEmbedding)
+  assert list(parameters(tpu_fc_keras_rs.DistributedEmbedding))[0] == (
+      'feature_configs', empty)
