@@ -132,6 +132,9 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
         self._tpu_feature_configs, self._tpu_optimizer,
         self._pipeline_execution_with_tensor_core)
     self._v1_call_id = 0  # (keras-rs's lookup counts its calls)
+    # The engine's input checks format their errors on the host, which XLA
+    # cannot compile: Keras then compiles the model without it.
+    self.supports_jit = False
     self._gradient_trap_dummy = self.add_weight(
         name=distributed_embedding.GRADIENT_TRAP_DUMMY_NAME, shape=(1,),
         initializer='zeros', trainable=True, dtype='float32')
