@@ -720,8 +720,8 @@ def test_legacy_to_keras_rs_and_back_then_five_steps_as_the_estimator(
     np.testing.assert_allclose(trained[variable], value, **TOL,
                                err_msg=variable)
   np.testing.assert_allclose(model.dense.kernel, legacy['dense/kernel'], **TOL)
-  assert all(_beyond_tolerance(trained[table], restored[table])
-             for table in (checkpoints.A_TABLE, checkpoints.SHARED_TABLE))  # (they did train)
+  assert all(_beyond_tolerance(trained[table], restored[table])  # (trained)
+             for table in (checkpoints.A_TABLE, checkpoints.SHARED_TABLE))
 
 
 def assert_same_values(got, want):

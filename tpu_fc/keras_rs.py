@@ -212,12 +212,11 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
     variables = self._emulated_variables()
     if sorted(store.keys()) != sorted(variables):
       raise ValueError(
-          'Layer {}: the weights hold {}, but its emulated SparseCore tables and '
-          'slots are {}. Load weights saved by tpu_fc.keras_rs.DistributedEmbedding '
-          'with the same TableConfigs (keras-rs\'s own layer on a CPU saves its '
-          'tables as Keras variables: load them with tpu_fc.keras_rs.restore from '
-          'a checkpoint instead).'.format(self.name, sorted(store.keys()),
-                                          sorted(variables)))
+          'Layer {}: the weights hold {}, but its emulated SparseCore tables '
+          'and slots are {}. Load weights this class saved with the same '
+          'TableConfigs; tables from elsewhere come in by '
+          'tpu_fc.keras_rs.restore (a legacy or mid-level checkpoint).'.format(
+              self.name, sorted(store.keys()), sorted(variables)))
     for key, variable in variables.items():
       value = store[key]
       if tuple(value.shape) != tuple(variable.shape):
