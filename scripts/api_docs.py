@@ -93,6 +93,9 @@ SECTIONS = (
         ('tpu_fc.checkpoint_conversion.CheckpointConversionError', ()))),
     ('tpu_fc.serving', 'tpu_fc.serving', (
         ('tpu_fc.serving.export_mid_level_saved_model', ()),)),
+    ('tpu_fc.tfrs', 'tpu_fc.tfrs', (
+        ('tpu_fc.tfrs.restore', ()),
+        ('tpu_fc.tfrs.save', ()))),
     ('tpu_fc.keras_rs', 'tpu_fc.keras_rs', (
         ('tpu_fc.keras_rs.DistributedEmbedding', ()),
         ('tpu_fc.keras_rs.restore', ()),

@@ -115,6 +115,13 @@ DESIGN = {
     'tpu_fc.mid_level.TPUEmbedding': """feature_config, optimizer,
         pipeline_execution_with_tensor_core=False""",
     'tpu_fc.mid_level.TPUEmbeddingV0': 'feature_config, optimizer',
+    'tpu_fc.tfrs.restore': 'layer, checkpoint, spec=None',
+    'tpu_fc.tfrs.save': 'layer, path, global_step=None',
+    # the brief of issue 35, which keras-rs's layer builds on
+    'tpu_fc.checkpoint_conversion.restore_embedding': (
+        'embedding, checkpoint, spec=None, table_names=None'),
+    'tpu_fc.checkpoint_conversion.save_embedding': (
+        'embedding, directory, global_step=None'),
 }
 # Parameters after DESIGN's, each with a default, so that every call it
 # allows still works.

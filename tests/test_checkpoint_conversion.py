@@ -263,6 +263,17 @@ def test_slots_of_another_optimizer_are_refused(tmp_path):
       "Table tbl_a: the checkpoint holds ['{0}/Adam/m', '{0}/Adam/v'], which "
       'StochasticGradientDescentParameters has no slot for.'.format(A_TABLE))
   assert not os.path.exists(tmp_path / 'x')
+  # Back to legacy too: a mid-level checkpoint's Adam slots are no SGD's.
+  mid_level = conversion.to_mid_level_checkpoint(
+      make_spec(OPTIMIZERS['adam']), str(tmp_path), str(tmp_path / 'mid'))
+  with pytest.raises(conversion.CheckpointConversionError) as error:
+    conversion.to_legacy_checkpoint(make_spec(OPTIMIZERS['sgd']), mid_level,
+                                    str(tmp_path / 'back'))
+  assert str(error.value) == (
+      "Table tbl_a: the mid-level checkpoint holds the slot(s) "
+      "['tbl_a/momenta', 'tbl_a/velocities'], which "
+      'StochasticGradientDescentParameters has no slot for.')
+  assert not os.path.exists(tmp_path / 'back')
 
 
 def test_changed_vocabulary_is_refused(tmp_path):
@@ -567,7 +578,7 @@ def test_spec_names_a_legacy_script_as_run_loads_it(tmp_path, monkeypatch,
   try:
     for reference in ('legacy_model.py:spec', 'wrapper.py:make_spec',
                       'legacy_model:spec'):
-      spec = conversion.spec_from_reference(reference)
+      spec = legacy_names.spec_from_reference(reference)
       assert isinstance(spec, tpu_fc.EmbeddingConfigSpec), reference
       assert type(spec.optimization_parameters) is tpu_fc.AdamParameters
       assert not legacy_names.is_installed()  # bound for the load only

@@ -19,18 +19,15 @@ tensorflow-recommenders and keras-rs), by table name.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
-import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import mid_level as mid_level_lib
-from tpu_fc import legacy_names
 from tpu_fc import naming
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
@@ -262,7 +259,8 @@ def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots)
     raise CheckpointConversionError(
         'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
         ' Convert it with fresh_slots=True (convert-checkpoint --fresh-slots) '
-        'to start the optimizer state anew.'.format(table.name, type(parameters).__name__, missing, below))
+        'to start the optimizer state anew.'.format(
+            table.name, type(parameters).__name__, missing, below))
   unexpected = sorted(set(below) - set(expected))
   if unexpected and not missing:
     raise CheckpointConversionError(
@@ -798,41 +796,3 @@ def format_inspection(report):
   lines.extend('  {}  {}  {}'.format(v['name'], v['shape'], v['dtype'])
                for v in report['dense_variables'])
   return '\n'.join(lines)
-
-
-def spec_from_reference(reference):
-  """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the EmbeddingConfigSpec it names.
-
-  ATTR may be a spec or a zero-argument callable returning one.  The file or
-  module is loaded as `tpu-fc run` runs a script -- legacy names bound, its
-  folder on `sys.path` -- except that its `__main__` block does not run.
-  """
-  module_name, _, attribute = reference.rpartition(':')
-  if not module_name or not attribute:
-    raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
-        reference))
-  with legacy_names.installed():
-    if module_name.endswith('.py'):
-      if not os.path.isfile(module_name):
-        raise ValueError('--spec {}: no such file {} (relative paths start at '
-                         '{}).'.format(reference, module_name, os.getcwd()))
-      namespace = legacy_names.run_script(module_name, run_name='__tpu_fc_spec__')
-    else:
-      if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
-        sys.path.insert(0, os.getcwd())
-      try:
-        namespace = vars(importlib.import_module(module_name))
-      except ImportError as error:
-        raise ValueError('--spec {}: cannot import {} ({}; relative module '
-                         'paths start at {}).'.format(
-                             reference, module_name, error, os.getcwd())) from error
-    if attribute not in namespace:
-      raise ValueError('{} has no attribute {!r}.'.format(module_name,
-                                                          attribute))
-    spec = namespace[attribute]
-    if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
-      spec = spec()
-  if not isinstance(spec, spec_lib.EmbeddingConfigSpec):
-    raise ValueError('{} is a {}, not an EmbeddingConfigSpec.'.format(
-        reference, type(spec).__name__))
-  return spec

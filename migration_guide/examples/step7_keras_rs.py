@@ -1,7 +1,7 @@
-"""Step 6: the model on keras-rs (Keras 3), trained on the CPU as on a TPU.
+"""Step 7: the model on keras-rs (Keras 3), trained on the CPU as on a TPU.
 
 The legacy model as a Keras 3 model around keras-rs's `DistributedEmbedding`
-(`migration_guide/step6_keras_rs.md`), tpu_fc's drop-in for it, which trains
+(`migration_guide/step7_keras_rs.md`), tpu_fc's drop-in for it, which trains
 the tables on the CPU by their optimizer with the TPU's rules: its configs are
 `spec.to_keras_rs()`, its tables and Adagrad accumulators are restored by name
 from the legacy model_dir of step 0 (`tpu_fc.keras_rs.restore`), its dense
@@ -12,7 +12,7 @@ mid-level layout (`tpu_fc.keras_rs.save`), which `python -m tpu_fc
 convert-checkpoint --to legacy` turns back into a TPUEstimator checkpoint, and
 the dense layers (`dense.weights.h5`).  Needs keras-rs (Python >= 3.11).
 
-    python step6_keras_rs.py --model_dir MODEL_DIR --train_steps 5 \
+    python step7_keras_rs.py --model_dir MODEL_DIR --train_steps 5 \
         --save_dir KERAS_RS_DIR
 """
 import argparse
