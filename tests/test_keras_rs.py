@@ -272,6 +272,31 @@ def test_default_device_tables_stay_keras_rss_beside_emulated_ones():
   assert len(model.trainable_variables) == 2  # the dummy, the Keras table
 
 
+def test_each_call_of_a_step_gets_its_own_gradients():
+  """A layer called twice a step (two towers sharing it): keras-rs tags each
+  call on a TPU; here each call's gradients update its own lookup."""
+  layer = tpu_fc_keras_rs.DistributedEmbedding(
+      _feature_configs(keras.optimizers.SGD(LR)))
+  other_ids = tf.ragged.constant([[4], [4, 2], [], [0]], dtype=tf.int64)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      first = layer({'a': _ids()})['a']
+      second = layer({'a': other_ids})['a']
+      loss = tf.reduce_mean(_loss(C, first)) + tf.reduce_mean(
+          _loss(2 * C, second))
+    return tape.gradient(loss, layer.trainable_variables)
+
+  step()
+  second_gradient = np.zeros_like(W0)
+  for example, ids in enumerate([[4], [4, 2], [], [0]]):
+    for i in ids:
+      second_gradient[i] += 2 * C[example] / F32(4)
+  np.testing.assert_allclose(layer.get_embedding_tables()['table'],
+                             W0 - LR * (G + second_gradient), **TOL)
+
+
 def test_adagrad_has_no_epsilon():
   """Gradients of 1e-5 against accumulators of 1e-10: Keras' epsilon (1e-7,
   which keras-rs requires and drops) would dominate them."""
@@ -653,7 +678,7 @@ def test_keras_rs_internals_the_layer_uses_are_there():
       '_gradient_trap_dummy')
   for name in ('_sparsecore_init', '_sparsecore_build', '_sparsecore_call',
                '_sparsecore_get_embedding_tables', '_has_sparsecore',
-               '_tpu_embedding_lookup_v1', '_is_tpu_strategy'):
+               '_is_tpu_strategy'):
     assert callable(getattr(keras_rs.layers.DistributedEmbedding, name)), name
 
 

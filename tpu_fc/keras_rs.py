@@ -12,8 +12,9 @@ trained by its own optimizer, whatever the model's.
 
 `DistributedEmbedding` here takes that same path on a CPU, its SparseCore
 emulated by `tpu_fc.mid_level.TPUEmbedding` (the host engine, with the TPU
-update rules of `tpu_fc.reference`); under a `TPUStrategy` it is keras-rs's own
-layer.  `EmbeddingConfigSpec.to_keras_rs()` gives a legacy spec's tables as
+update rules of `tpu_fc.reference`) and its gradient trap, which applies each
+call's gradients to that call's lookup, as keras-rs's call ids pair them on a
+TPU; under a `TPUStrategy` it is keras-rs's own layer.  `EmbeddingConfigSpec.to_keras_rs()` gives a legacy spec's tables as
 its configs, refusing what keras-rs cannot carry (`docs/keras_rs.md`).
 
 keras and keras-rs (Keras 3, on TensorFlow) are imported here and, lazily, in
@@ -59,10 +60,10 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
   default strategy) the tables keras-rs would put on a SparseCore -- placement
   'auto' or 'sparsecore', and every `tf.tpu.experimental.embedding.FeatureConfig`
   -- are looked up and trained by `tpu_fc.mid_level.TPUEmbedding` on keras-rs's
-  own SparseCore path: its configs converted as keras-rs converts them, its
-  gradient trap (a `tf.custom_gradient` over a trainable dummy variable) handing
-  the activation gradients to `apply_gradients` when the model's gradients are
-  computed.  Each table is so trained by its `TableConfig.optimizer` with the
+  SparseCore path: its configs converted as keras-rs converts them, a gradient
+  trap (a `tf.custom_gradient` over keras-rs's trainable dummy variable)
+  handing each call's activation gradients to that call's lookup when the
+  model's gradients are computed.  Each table is so trained by its `TableConfig.optimizer` with the
   TPU rules (repeated ids summed per row, callable learning rates read then,
   gradient clipping, weight decay of the looked-up rows) in `model.fit` and in
   a custom loop whose tape takes the gradient of the model's trainable
@@ -131,7 +132,6 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
     self._tpu_embedding = mid_level.TPUEmbedding(
         self._tpu_feature_configs, self._tpu_optimizer,
         self._pipeline_execution_with_tensor_core)
-    self._v1_call_id = 0  # (keras-rs's lookup counts its calls)
     # The engine's input checks format their errors on the host, which XLA
     # cannot compile: Keras then compiles the model without it.
     self.supports_jit = False
@@ -156,7 +156,11 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
                        training: bool = False) -> dict[str, Any]:
     if not self._emulated():
       return super()._sparsecore_call(inputs, weights, training)
-    return self._tpu_embedding_lookup_v1(self._tpu_embedding, inputs, weights)
+    # keras-rs's SparseCore lookup (`_tpu_embedding_lookup_v1`), each call's
+    # gradients applied to that call's lookup, as keras-rs's call ids pair
+    # them on a TPU (a model may call the layer more than once a step).
+    return self._tpu_embedding._lookup_for_layer(  # pylint: disable=protected-access
+        inputs, weights, self._gradient_trap_dummy.value)
 
   def _sparsecore_get_embedding_tables(self) -> dict[str, Any]:
     if not self._emulated():
