@@ -8,6 +8,9 @@ SavedModels of step 5.  The TF2 loop of step 4 (tpu_fc's mid-level
 `TPUEmbedding`) must continue training as the estimator does, to float32
 rounding, and its checkpoint must convert back into the estimator's variables.  On the legacy lane, TF 2.15's own TPUEstimator runs the
 step-0 script under plain python and predicts the same from the same checkpoint.
+On the latest lane (keras-rs), step 7's Keras model restores step 0's tables
+and slots by name and saves them back bit for bit, and trains as the
+estimator does.
 """
 import json
 import os
@@ -337,6 +340,59 @@ def _converted_back(mid_level_dir, work_dir):
   cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', SPEC_REFERENCE,
             str(mid_level_dir), back_dir])
   return tf.train.latest_checkpoint(back_dir)
+
+
+def _step7():
+  """The step-7 example module (keras-rs: Python >= 3.11, the latest lane)."""
+  pytest.importorskip('keras_rs')
+  import step7_keras_rs  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return step7_keras_rs
+
+
+@pytest.mark.subprocess
+def test_step7_keras_rs_restores_and_saves_the_legacy_model_bit_for_bit(
+    trained, work_dir):
+  """The tables, Adagrad accumulators and global step (the dense layers are
+  Keras' weights)."""
+  model_dir, predictions = trained
+  assert_same_predictions(
+      _step7().main(['--model_dir', model_dir,
+                     '--save_dir', str(work_dir / 'keras_rs0')]),
+      predictions)
+  back = _embedding_variables(_converted_back(work_dir / 'keras_rs0',
+                                              work_dir))
+  original = _embedding_variables(tf.train.latest_checkpoint(model_dir))
+  assert sorted(back) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+@pytest.mark.subprocess
+def test_step7_keras_rs_trains_as_the_estimator(trained, trained_further,
+                                                 work_dir):
+  model_dir, predictions = trained
+  keras_rs_dir = work_dir / 'keras_rs'
+  after_fit = _step7().main([
+      '--model_dir', model_dir, '--train_steps', str(MORE_STEPS),
+      '--save_dir', str(keras_rs_dir)])
+  assert np.abs(after_fit - predictions).max() > 1e-3  # it did train
+  estimator_dir, after_estimator = trained_further
+  np.testing.assert_allclose(after_fit, after_estimator, rtol=0,
+                             atol=LOOP_ATOL)
+  back = _embedding_variables(_converted_back(keras_rs_dir, work_dir))
+  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
+  assert sorted(back) == sorted(expected)
+  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
+  for name, value in expected.items():  # tables, accumulators
+    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
+                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+
+  # Run as a plain script, step 7 trains bit for bit as imported.
+  script_dir = str(work_dir / 'keras_rs_by_script')
+  run_example('step7_keras_rs.py', '--model_dir', model_dir,
+              '--train_steps', str(MORE_STEPS), '--save_dir', script_dir)
+  assert_same_variables(tf.train.latest_checkpoint(script_dir),
+                        tf.train.latest_checkpoint(str(keras_rs_dir)))
 
 
 def test_guide_links_every_example():

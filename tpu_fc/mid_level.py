@@ -392,13 +392,25 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     return step
 
   @_not_autographed
-  def _lookup_for_layer(self, features, weights):
+  def _lookup_for_layer(self, features, weights, trap):
     """`enqueue` and `dequeue` of one call of a Keras layer, which may look up
-    more than once a step: (activations, a function applying their gradients
-    to this lookup, as `apply_gradients` does)."""
+    more than once a step: the activations, through a gradient trap on
+    `trap` (the value of a trainable variable of the layer) whose gradient
+    applies theirs to this lookup, as `apply_gradients` does, and is zero
+    (TFRS's and keras-rs's TPU path)."""
     self.enqueue(features, weights, training=True)
     step = self._current_step('dequeue')
-    return self.dequeue(), functools.partial(self._apply_gradients, step=step)
+    activations = self.dequeue()
+
+    @tf.custom_gradient
+    def gradient_trap(trap):
+      def gradient(*activation_gradients):
+        self._apply_gradients(self._like_config(list(activation_gradients)),
+                              step=step)
+        return tf.zeros_like(trap)
+      return tf.nest.flatten(activations), gradient
+
+    return self._like_config(gradient_trap(trap))
 
 
 class _Step:

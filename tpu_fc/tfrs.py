@@ -96,19 +96,8 @@ def _layer_class():
         return tf.tpu.experimental.embedding.serving_embedding_lookup(
             features, weights, self._tpu_embedding.embedding_tables,
             self._feature_config)
-      activations, apply_gradients = self._tpu_embedding._lookup_for_layer(  # pylint: disable=protected-access
-          features, weights)
-
-      @tf.custom_gradient
-      def gradient_trap(helper):
-        def gradient(*activation_gradients):
-          apply_gradients(tf.nest.pack_sequence_as(self._feature_config,
-                                                   activation_gradients))
-          return tf.zeros_like(helper)
-        return tf.nest.flatten(activations), gradient
-
-      return tf.nest.pack_sequence_as(
-          self._feature_config, gradient_trap(getattr(self, helper_name)))
+      return self._tpu_embedding._lookup_for_layer(  # pylint: disable=protected-access
+          features, weights, getattr(self, helper_name))
 
   return TPUEmbedding
 
