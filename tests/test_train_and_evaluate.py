@@ -392,8 +392,9 @@ def _recording_listener(library, before_eval, after_eval):
   return Recording()
 
 
-# {case: (before_eval, after_eval(steps evaluated), what the listener sees,
-#  the steps training runs)}: locally, checkpoints at steps 0, 2, 4 and 6.
+# {case: (before_eval's answer, after_eval's given the steps evaluated so far,
+#  the listener's calls, the steps evaluated, the step training ends at)}:
+#  locally, checkpoints at steps 0, 2, 4 and 6.
 LOCAL_LISTENERS = {
     'evaluating_every_checkpoint': (
         lambda: True, lambda steps: True,
