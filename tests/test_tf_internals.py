@@ -63,6 +63,13 @@ def test_overridden_private_methods_exist(cls, method):
   assert callable(getattr(cls, method))
 
 
+def test_the_classes_train_and_evaluate_reads_where_tf_reads_them_are_tfs():
+  """It reads them from their modules when it runs, as TF's training does."""
+  assert internals.server_lib.Server is tf.distribute.Server
+  assert (internals.basic_session_run_hooks.SecondOrStepTimer is
+          tf.compat.v1.train.SecondOrStepTimer)
+
+
 # The TF attributes tpu_fc replaces while building a graph (`replaced`).
 REPLACED = [
     (internals.tpu_ops_module, 'cross_replica_sum'),

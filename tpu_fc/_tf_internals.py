@@ -33,8 +33,10 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 from tensorflow.python.trackable import trackable_utils
+from tensorflow.python.training import basic_session_run_hooks
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
+from tensorflow.python.training import server_lib
 from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object_util
 from tensorflow.python.util import function_utils
@@ -61,6 +63,11 @@ StopAfterNEvalsHook = evaluation._StopAfterNEvalsHook
 get_or_create_eval_step = evaluation._get_or_create_eval_step
 # Init ops of every `tf.summary.create_file_writer` writer in the graph.
 summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
+# `server_lib.Server` and `basic_session_run_hooks.SecondOrStepTimer` (the
+# modules imported above; `tf.distribute.Server`,
+# `tf.compat.v1.train.SecondOrStepTimer`): train_and_evaluate reads them when
+# it runs, where TF's training reads them, so replacing one there (TF's own
+# tests patch them) reaches tpu_fc's too.
 # The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
 Optimizer = optimizer_lib.Optimizer
 
