@@ -89,7 +89,8 @@ def run_profiled(columns, feature_names, steps, directory, after_first_step=None
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=columns,
                                       optimization_parameters=params)
     layout = spec.embedding_layout()
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                  named_by_columns=False)
     engine.create_variables(training=False)
     placeholders = {name: tf.compat.v1.sparse_placeholder(tf.int64, [None, None])
                     for name in feature_names}

@@ -453,17 +453,13 @@ TPU_COLUMN_TYPES = (internals.TPUEmbeddingColumnV2,
 
 
 def lookup_device(column):
-  """The lookup device of any TPU column, TF's own or tpu_fc's, as a string or None."""
-  if isinstance(column, _TpuFcColumnMixin):
-    return column.embedding_lookup_device
-  device = getattr(column, '_embedding_lookup_device', None)
-  return _DEVICE_NAMES.get(device)
+  """The lookup device of any TPU column, TF's own or tpu_fc's, as a string or
+  None (both keep it per instance, as TF's enum)."""
+  return _DEVICE_NAMES.get(getattr(column, '_embedding_lookup_device', None))
 
 
 def tensor_core_shape(column):
   """The tensor-core shape of any TPU column, TF's own or tpu_fc's."""
-  if isinstance(column, _TpuFcColumnMixin):
-    return column.tensor_core_shape
   return getattr(column, '_tensor_core_shape', None)
 
 
