@@ -262,8 +262,8 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
       if batch is not None and batch % num_shards == 0:  # else checked above
         value.set_shape([batch] + value.shape[1:])
       pieces = tf.split(value, num_shards, axis=0) if num_shards > 1 else [value]
-      for shard, piece in enumerate(pieces):
-        shards[shard][name] = piece
+      for index, piece in enumerate(pieces):
+        shards[index][name] = piece
     step = _TiedStep(lookup_step)
     for feature in self.layout.features:
       step.shards[feature.name] = [shard[feature.name] for shard in shards]

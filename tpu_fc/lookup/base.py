@@ -21,13 +21,13 @@ synchronous replicas need (`aggregate_rows`) is passed in.
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
   from tpu_fc._tf import tf
   from tpu_fc.spec import EmbeddingConfigSpec, EmbeddingLayout
 
-Features = Dict[str, Any]  # input_fn's features: name -> Tensor, SparseTensor, ...
+Features = dict[str, Any]  # input_fn's features: name -> Tensor, SparseTensor, ...
 # `(variable, row gradients, apply) -> op`: see `EmbeddingBackend.apply_gradients`.
 AggregateRows = Callable[[Any, Any, Callable[[Any], Any]], Any]
 
@@ -47,29 +47,29 @@ class EmbeddingBackend(abc.ABC):
 
   @abc.abstractmethod
   def model_features(self, features: Features,
-                     batch_size: Optional[int]) -> Features:
+                     batch_size: int | None) -> Features:
     """`features` (a dict) as the model_fn sees them over the whole batch."""
 
   def lookup(self, features: Features, num_shards: int,
-             batch_size: Optional[int]) -> Tuple[Any, List[Features]]:
+             batch_size: int | None) -> tuple[Any, list[Features]]:
     """`(step, [per-shard {feature name: activation}])`; the default looks up
     nothing (the model_fn's columns look up in its graph)."""
     del features, batch_size
     return None, [{} for _ in range(num_shards)]
 
-  def shared_table_creators(self) -> Tuple[Any, ...]:
+  def shared_table_creators(self) -> tuple[Any, ...]:
     """The shared columns' creators whose tables the model_fn looks up in its
     graph: every shard must get the same table."""
     return ()
 
-  def checkpoint_variables(self, graph: tf.Graph) -> Dict[str, tf.Variable]:
+  def checkpoint_variables(self, graph: tf.Graph) -> dict[str, tf.Variable]:
     """Legacy checkpoint name -> variable of what the backend owns, once the
     model_fn has built `graph`."""
     del graph
     return {}
 
-  def apply_gradients(self, step: Any, aggregate_rows: Optional[AggregateRows]
-                      = None) -> Optional[tf.Operation]:
+  def apply_gradients(self, step: Any, aggregate_rows: AggregateRows | None
+                      = None) -> tf.Operation | None:
     """The op updating the backend's variables after the model's train_op, or
     None when the model's optimizer trains them.
 
@@ -79,12 +79,12 @@ class EmbeddingBackend(abc.ABC):
     del step, aggregate_rows
     return None
 
-  def training_hooks(self, step: Any) -> Tuple[Any, ...]:
+  def training_hooks(self, step: Any) -> tuple[Any, ...]:
     """Session hooks of a training graph."""
     del step
     return ()
 
-  def before_save(self) -> Optional[Callable[[], tf.Operation]]:
+  def before_save(self) -> Callable[[], tf.Operation] | None:
     """A function building the op every checkpoint save runs first (the
     driver builds it outside any in-graph loop), or None."""
     return None
