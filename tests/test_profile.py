@@ -96,7 +96,7 @@ def run_profiled(columns, feature_names, steps, directory, after_first_step=None
                     for name in feature_names}
     step, shards = engine.lookup(placeholders, num_shards=1)
     activations = shards[0]
-    hook = LookupProfileHook(step.statistics(), layout, directory,
+    hook = LookupProfileHook(step.lookup_step.statistics(), layout, directory,
                              **hook_kwargs)
     with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as sess:
       for index, features in enumerate(steps):

@@ -225,11 +225,11 @@ class _TpuFcColumnMixin:
   @property
   def embedding_lookup_device(self):
     """'cpu', 'tpu_tensor_core', 'tpu_embedding_core', or None (the default split)."""
-    return None
+    return lookup_device(self)
 
   @property
   def tensor_core_shape(self):
-    return None
+    return tensor_core_shape(self)
 
   def _new_args(self):
     """Constructor keyword arguments that rebuild this column."""
@@ -306,14 +306,6 @@ class _DeviceMixin(_TpuFcColumnMixin):
     return dict(self._UNDEVICED._new_args(self),
                 embedding_lookup_device=self.embedding_lookup_device,
                 tensor_core_shape=self.tensor_core_shape)
-
-  @property
-  def embedding_lookup_device(self):
-    return _DEVICE_NAMES[self._embedding_lookup_device]
-
-  @property
-  def tensor_core_shape(self):
-    return self._tensor_core_shape
 
   def _host_lookup_allowed(self):
     return (self._embedding_lookup_device == internals.EmbeddingDevice.CPU and

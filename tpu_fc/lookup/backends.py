@@ -1,5 +1,8 @@
 """The lookup paths of `embedding_lookup_device`, and the one place that picks them.
 
+`backends_for` gives each path the features of the spec's layout it looks up:
+on the emulated TPU by each feature's lookup device (`_TPU_PATHS`).
+
 * `tpu_embedding_core`: `EmbeddingCoreBackend`, the host engine with the TPU's
   update rules (`host_engine`) over the tables the backend creates; the
   model_fn gets activations.
@@ -303,25 +306,23 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
 
   def apply_gradients(self, step, aggregate_rows=None):
     """The engine's update from the gradients the ties captured."""
-    gradients = {feature.name: self._captured_gradient(table, feature.name,
-                                                       step)
-                 for table in self.layout.tables
-                 for feature in self.layout.features_of(table.name)}
+    gradients = {feature.name: self._captured_gradient(feature, step)
+                 for feature in self.layout.features}
     return self.engine.apply_gradients(
         step.lookup_step, gradients, pipelined=self._pipelined,
         aggregate_rows=aggregate_rows)
 
   @staticmethod
-  def _captured_gradient(table, name, step):
+  def _captured_gradient(feature, step):
     """d(loss)/d(activation) of one feature over all shards, as the ties
     captured it (zeros where unused)."""
     per_shard = []
-    for shard, piece in enumerate(step.shards[name]):
-      dy = step.captured.get((name, shard))
+    for shard, piece in enumerate(step.shards[feature.name]):
+      dy = step.captured.get((feature.name, shard))
       if dy is None:
         tf.compat.v1.logging.warning(
             'Table %s has undefined gradients for feature %s on shard %d: the '
-            'loss does not depend on it.', table.name, name, shard)
+            'loss does not depend on it.', feature.table, feature.name, shard)
         dy = tf.zeros_like(piece)
       per_shard.append(dy)
     return tf.concat(per_shard, axis=0)
@@ -331,8 +332,8 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
       return ()
     # Each emulated shard stands for one would-be host of the div partitioning.
     return (profile.LookupProfileHook(
-        step.statistics(), self.layout, self._profile_data_directory,
-        num_hosts=step.num_shards),)
+        step.lookup_step.statistics(), self.layout,
+        self._profile_data_directory, num_hosts=step.lookup_step.num_shards),)
 
   def before_save(self):
     # Checkpoints hold every update: parked ones are applied before each save.
@@ -347,13 +348,6 @@ class _TiedStep:
   def __init__(self, lookup_step):
     self.lookup_step = lookup_step
     self.shards, self.captured = {}, {}
-
-  @property
-  def num_shards(self):
-    return self.lookup_step.num_shards
-
-  def statistics(self):
-    return self.lookup_step.statistics()
 
 
 class TensorCoreBackend(base.EmbeddingBackend):

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
   from tpu_fc._tf import tf
   from tpu_fc.spec import EmbeddingConfigSpec, EmbeddingLayout
 
-Features = dict[str, Any]  # input_fn's features: name -> Tensor, SparseTensor, ...
 # `(variable, row gradients, apply) -> op`: see `EmbeddingBackend.apply_gradients`.
 AggregateRows = Callable[[Any, Any, Callable[[Any], Any]], Any]
 
@@ -46,12 +45,11 @@ class EmbeddingBackend(abc.ABC):
     del training
 
   @abc.abstractmethod
-  def model_features(self, features: Features,
-                     batch_size: int | None) -> Features:
+  def model_features(self, features: dict, batch_size: int | None) -> dict:
     """`features` (a dict) as the model_fn sees them over the whole batch."""
 
-  def lookup(self, features: Features, num_shards: int,
-             batch_size: int | None) -> tuple[Any, list[Features]]:
+  def lookup(self, features: dict, num_shards: int,
+             batch_size: int | None) -> tuple[Any, list[dict]]:
     """`(step, [per-shard {feature name: activation}])`; the default looks up
     nothing (the model_fn's columns look up in its graph)."""
     del features, batch_size
@@ -87,4 +85,3 @@ class EmbeddingBackend(abc.ABC):
   def before_save(self) -> Callable[[], tf.Operation] | None:
     """A function building the op every checkpoint save runs first (the
     driver builds it outside any in-graph loop), or None."""
-    return None

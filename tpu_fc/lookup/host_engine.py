@@ -139,10 +139,9 @@ class LookupStep:
     self.batch = None
 
   def statistics(self):
-    """Per table, this step's looked-up ids: {'ids', 'unique_ids', 'examples'}
-    (for `profile_data_directory`)."""
-    return {name: {'ids': ids, 'unique_ids': self.unique_ids[name],
-                   'examples': self.batch}
+    """Per table, this step's looked-up ids: {'ids', 'examples'} (for
+    `profile_data_directory`)."""
+    return {name: {'ids': ids, 'examples': self.batch}
             for name, ids in self.all_ids.items()}
 
 

@@ -26,8 +26,6 @@ The embedding engine looks up a step's global batch: the cores' batches,
 joined in core order (`per_step_input`), which the emulation slices back
 into each core's own.
 """
-from __future__ import annotations
-
 from typing import NamedTuple
 
 from tpu_fc._tf import tf
