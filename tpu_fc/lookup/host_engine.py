@@ -31,7 +31,6 @@ from tpu_fc.lookup import inputs as inputs_lib
 from tpu_fc.lookup import sparse_update
 
 if TYPE_CHECKING:
-  from tpu_fc.lookup.base import AggregateRows
   from tpu_fc.optimizers import _OptimizationParameters
   from tpu_fc.spec import EmbeddingLayout
 
@@ -301,11 +300,8 @@ class HostEmbeddingEngine:
 
   # Gradients -----------------------------------------------------------------
 
-  def apply_gradients(self, step: LookupStep,
-                      activation_gradients: dict[str, tf.Tensor],
-                      pipelined: bool = False,
-                      aggregate_rows: AggregateRows | None = None
-                      ) -> tf.Operation:
+  def apply_gradients(self, step, activation_gradients, pipelined=False,
+                      aggregate_rows=None):
     """The embedding optimizer step for every table of `step` (a `LookupStep`)
     from `activation_gradients` ({feature name: d(loss)/d(activation)}, whole
     batch, in the activation's shape).
