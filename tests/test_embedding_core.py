@@ -106,7 +106,7 @@ def run_engine(columns, feats, params, num_steps, num_shards,
     table_of = {f.name: f.table for f in layout.features}
     engine = EmbeddingCoreBackend(
         spec._replace(experimental_gradient_multiplier_fn=gradient_multiplier_fn),
-        named_by_columns=False)
+        layout, named_by_columns=False)
     engine.create_variables(training=True)
     step, shards = engine.lookup(features_of(feats), num_shards=num_shards)
     assert len(shards) == num_shards
@@ -374,7 +374,8 @@ def test_global_step_read_before_increment_without_model_variables():
         learning_rate_fn=lambda step: tf.cast(step, tf.float32))
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[column],
                                       optimization_parameters=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=True)
     step, shards = engine.lookup({'a': tf.SparseTensor(
         [[0, 0]], tf.constant([1], tf.int64), [1, 1])})
@@ -510,7 +511,8 @@ def test_shard_outputs_are_batch_slices():
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column(), seq.column()],
                                       optimization_parameters=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=False)
     _, shards = engine.lookup(features_of([feat, seq]), num_shards=2)
     assert [sorted(s) for s in shards] == [['s', 's_seq_length_', 'x']] * 2
@@ -571,7 +573,8 @@ def test_eval_lookup_without_training(num_shards):
     params = tpu_fc.AdamParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[f.column() for f in feats],
                                       optimization_parameters=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=False)
     table_of = {f.name: f.table for f in spec.embedding_layout().features}
     _, shards = engine.lookup(features_of(feats), num_shards=num_shards)
@@ -637,7 +640,8 @@ def test_dict_path_combiner_none_keeps_id_zero():
             VOCAB, DIM, combiner=None,
             initializer=tf.compat.v1.constant_initializer(init))},
         optimization_parameters=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=False)
     _, shards = engine.lookup({'f': tf.constant([2, 0, 5, 0], tf.int64)})
     with tf.compat.v1.Session() as sess:
@@ -674,7 +678,8 @@ def test_checkpoint_variables_dict_path(optimizer):
   with tf.Graph().as_default() as graph:
     params = OPTIMIZERS[optimizer]()
     spec = _dict_spec(global_optimizer=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=True)
     names = engine.checkpoint_variables(graph)
   want = {}
@@ -692,14 +697,16 @@ def test_checkpoint_variables_per_table_optimizer_and_eval():
   with tf.Graph().as_default() as graph:
     spec = _dict_spec(table_optimizer=tpu_fc.AdamParameters(0.1),
                       global_optimizer=tpu_fc.AdagradParameters(0.1))
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=True)
     names = engine.checkpoint_variables(graph)
   assert sorted(names) == ['other', 'other/Adagrad', 't', 't/Adam/m', 't/Adam/v']
   assert names['t/Adam/v'] is engine.slots['t']['velocities']
   assert names['other/Adagrad'] is engine.slots['other']['accumulators']
   with tf.Graph().as_default() as graph:
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=False)
     names = engine.checkpoint_variables(graph)
   assert sorted(names) == ['other', 't']
@@ -711,7 +718,8 @@ def test_checkpoint_variables_columns_path_needs_recorded_scopes():
     params = tpu_fc.AdagradParameters(0.1)
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[feat.column()],
                                       optimization_parameters=params)
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
     engine.create_variables(training=True)
     with pytest.raises(RuntimeError,
                        match='Embedding feature column did not capture any thing'):
@@ -725,7 +733,8 @@ def _engine_for(feats, training=False):
   params = tpu_fc.AdagradParameters(0.1)
   spec = tpu_fc.EmbeddingConfigSpec(feature_columns=[f.column() for f in feats],
                                     optimization_parameters=params)
-  engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+  engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                named_by_columns=False)
   engine.create_variables(training=training)
   return engine
 

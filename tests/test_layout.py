@@ -51,9 +51,29 @@ def _modules():
   return modules
 
 
+def _is_type_checking(node):
+  return isinstance(node, ast.If) and ast.unparse(node.test).endswith(
+      'TYPE_CHECKING')
+
+
+def _run_time_nodes(tree):
+  """`ast.walk(tree)` without annotations and `if TYPE_CHECKING:` blocks
+  (tpu_fc's annotations are strings, `from __future__ import annotations`):
+  they name types for the type checker and run nothing."""
+  pending = [tree]
+  while pending:
+    node = pending.pop()
+    yield node
+    for field, value in ast.iter_fields(node):
+      for child in value if isinstance(value, list) else [value]:
+        if (isinstance(child, ast.AST) and field not in ('annotation', 'returns')
+            and not _is_type_checking(child)):
+          pending.append(child)
+
+
 def _module_imports(module):
   """The tpu_fc modules `module` imports."""
-  return {imported for node in ast.walk(_modules()[module])
+  return {imported for node in _run_time_nodes(_modules()[module])
           for imported in _imported(node)}
 
 
@@ -61,7 +81,7 @@ def _part_imports():
   """{part: the other parts it imports} (the package itself left out)."""
   imports = collections.defaultdict(set)
   for module, tree in _modules().items():
-    for node in ast.walk(tree):
+    for node in _run_time_nodes(tree):
       for imported in _imported(node):
         if _part(imported) not in (_part(module), 'tpu_fc'):
           imports[_part(module)].add(_part(imported))
@@ -107,7 +127,7 @@ def test_the_estimator_core_knows_no_tpu():
       continue
     with open(os.path.join(folder, name)) as f:
       tree = ast.parse(f.read())
-    imported = [module for node in ast.walk(tree)
+    imported = [module for node in _run_time_nodes(tree)
                 for module in _imported(node)]
     assert not [m for m in imported
                 if m.startswith('tpu_fc.estimator.tpu')], name
@@ -125,9 +145,20 @@ def test_inputs_and_the_engine_stand_below_their_users():
     assert 'tpu_fc.lookup.host_engine' in _module_imports(owner), owner
 
 
+def test_annotations_name_only_configs_and_the_seam():
+  """What a module imports for its annotations alone (`if TYPE_CHECKING:`)
+  is TensorFlow, a config or the backend seam: the values that cross layers,
+  never the layer above."""
+  typed = {imported for tree in _modules().values()
+           for block in ast.walk(tree) if _is_type_checking(block)
+           for node in ast.walk(block) for imported in _imported(node)}
+  assert typed and typed <= {'tpu_fc._tf', 'tpu_fc.spec', 'tpu_fc.optimizers',
+                             'tpu_fc.lookup.base'}
+
+
 def test_the_engine_creates_no_variables():
   names = {node.attr if isinstance(node, ast.Attribute) else node.id
-           for node in ast.walk(_modules()['tpu_fc.lookup.host_engine'])
+           for node in _run_time_nodes(_modules()['tpu_fc.lookup.host_engine'])
            if isinstance(node, (ast.Attribute, ast.Name))}
   assert not names & {'get_variable', 'Variable', 'VarHandleOp',
                       'create_slot_variables', 'naming'}

@@ -89,13 +89,14 @@ def run_profiled(columns, feature_names, steps, directory, after_first_step=None
     spec = tpu_fc.EmbeddingConfigSpec(feature_columns=columns,
                                       optimization_parameters=params)
     layout = spec.embedding_layout()
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                  named_by_columns=False)
     engine.create_variables(training=False)
     placeholders = {name: tf.compat.v1.sparse_placeholder(tf.int64, [None, None])
                     for name in feature_names}
     step, shards = engine.lookup(placeholders, num_shards=1)
     activations = shards[0]
-    hook = LookupProfileHook(step.statistics(), layout, directory,
+    hook = LookupProfileHook(step.lookup_step.statistics(), layout, directory,
                              **hook_kwargs)
     with tf.compat.v1.train.SingularMonitoredSession(hooks=[hook]) as sess:
       for index, features in enumerate(steps):

@@ -40,7 +40,8 @@ def _run_engine(pipelined, steps):
   """Activations seen and table after each step, plus the table after a flush."""
   spec = _spec(pipelined)
   with tf.Graph().as_default():
-    engine = EmbeddingCoreBackend(spec, named_by_columns=False)
+    engine = EmbeddingCoreBackend(spec, spec.embedding_layout(),
+                                  named_by_columns=False)
     engine.create_variables(training=True)
     ids = tf.sparse.from_dense(tf.constant(IDS, tf.int64))
     step, shards = engine.lookup({'a': ids})

@@ -168,9 +168,7 @@ def _name_matches(name, table, layout):
 
 
 def _spec_tables(spec):
-  return [t.name for layout in (spec.embedding_layout(),
-                                spec.tensor_core_layout())
-          for t in layout.tables]
+  return [t.name for t in spec.layout().tables]
 
 
 def _check_table_names(table_names, tables, owner='the spec'):

@@ -225,11 +225,11 @@ class _TpuFcColumnMixin:
   @property
   def embedding_lookup_device(self):
     """'cpu', 'tpu_tensor_core', 'tpu_embedding_core', or None (the default split)."""
-    return None
+    return lookup_device(self)
 
   @property
   def tensor_core_shape(self):
-    return None
+    return tensor_core_shape(self)
 
   def _new_args(self):
     """Constructor keyword arguments that rebuild this column."""
@@ -306,14 +306,6 @@ class _DeviceMixin(_TpuFcColumnMixin):
     return dict(self._UNDEVICED._new_args(self),
                 embedding_lookup_device=self.embedding_lookup_device,
                 tensor_core_shape=self.tensor_core_shape)
-
-  @property
-  def embedding_lookup_device(self):
-    return _DEVICE_NAMES[self._embedding_lookup_device]
-
-  @property
-  def tensor_core_shape(self):
-    return self._tensor_core_shape
 
   def _host_lookup_allowed(self):
     return (self._embedding_lookup_device == internals.EmbeddingDevice.CPU and
@@ -453,17 +445,13 @@ TPU_COLUMN_TYPES = (internals.TPUEmbeddingColumnV2,
 
 
 def lookup_device(column):
-  """The lookup device of any TPU column, TF's own or tpu_fc's, as a string or None."""
-  if isinstance(column, _TpuFcColumnMixin):
-    return column.embedding_lookup_device
-  device = getattr(column, '_embedding_lookup_device', None)
-  return _DEVICE_NAMES.get(device)
+  """The lookup device of any TPU column, TF's own or tpu_fc's, as a string or
+  None (both keep it per instance, as TF's enum)."""
+  return _DEVICE_NAMES.get(getattr(column, '_embedding_lookup_device', None))
 
 
 def tensor_core_shape(column):
   """The tensor-core shape of any TPU column, TF's own or tpu_fc's."""
-  if isinstance(column, _TpuFcColumnMixin):
-    return column.tensor_core_shape
   return getattr(column, '_tensor_core_shape', None)
 
 

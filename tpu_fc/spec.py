@@ -158,12 +158,18 @@ class TableSpec:
 
 @dataclasses.dataclass(frozen=True)
 class FeatureSpec:
-  """One input feature looked up in `table`; `column` is set on the columns path."""
+  """One input feature looked up in `table`; `column` is set on the columns path.
+
+  `lookup_device` is its column's `embedding_lookup_device` ('cpu',
+  'tpu_tensor_core', 'tpu_embedding_core'), or None: TF's default (every dict
+  feature's); `tpu_fc.lookup.backends.backends_for` picks its path by it.
+  """
   name: str
   table: str
   max_sequence_length: int = 0
   weight_key: Optional[str] = None
   column: Any = None
+  lookup_device: Optional[str] = None
 
   @property
   def is_sequence(self):
@@ -177,7 +183,8 @@ class FeatureSpec:
 
 @dataclasses.dataclass(frozen=True)
 class EmbeddingLayout:
-  """The tables and features of a spec, each sorted by name."""
+  """The tables and features of a spec, each sorted by name (or two such
+  joined: `EmbeddingConfigSpec.layout()`)."""
   tables: Tuple[TableSpec, ...]
   features: Tuple[FeatureSpec, ...]
 
@@ -186,6 +193,13 @@ class EmbeddingLayout:
 
   def features_of(self, table_name):
     return tuple(f for f in self.features if f.table == table_name)
+
+  def where(self, keep: Callable[[FeatureSpec], bool]) -> EmbeddingLayout:
+    """The features `keep` keeps, and the tables they read."""
+    features = tuple(f for f in self.features if keep(f))
+    read = {f.table for f in features}
+    return EmbeddingLayout(tuple(t for t in self.tables if t.name in read),
+                           features)
 
 
 def _check_step_function(function, what):
@@ -214,7 +228,8 @@ def _layout_from_columns(feature_columns):
     features[feature_name] = FeatureSpec(
         name=feature_name, table=table_name,
         max_sequence_length=column.get_max_sequence_length(),
-        weight_key=column.get_weight_key_name(), column=column)
+        weight_key=column.get_weight_key_name(), column=column,
+        lookup_device=columns_lib.lookup_device(column))
     vocabulary_size, dimension = column.get_embedding_table_size()
     _check_step_function(column.get_learning_rate_fn(),
                          'Column {}: learning_rate_fn'.format(column.name))
@@ -430,24 +445,23 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         if isinstance(optimization_parameters, internals.MidLevelOptimizer)
         else optimizers.as_tpu_fc_parameters(optimization_parameters))
     tensor_core_feature_columns = None
-    embedding_core_feature_columns = None
     if feature_columns:
-      tensor_core_feature_columns = []
-      embedding_core_feature_columns = []
+      # TF's two fields, a view of the columns' devices (which `layout()` reads).
+      split: Dict[bool, List[Any]] = {True: [], False: []}
       for column in feature_columns:
-        if columns_lib.lookup_device(column) == columns_lib.TPU_TENSOR_CORE:
-          tensor_core_feature_columns.append(column)
-        else:
-          embedding_core_feature_columns.append(column)
+        split[columns_lib.lookup_device(column) ==
+              columns_lib.TPU_TENSOR_CORE].append(column)
         if not isinstance(column, _SUPPORTED_FEATURE_COLUMNS):
           raise TypeError(
               'All feature columns must be supported types in {}. Got {}'
               .format(_SUPPORTED_FEATURE_COLUMNS, type(column)))
+      tensor_core_feature_columns, feature_columns = split[True], split[False]
       if not isinstance(optimization_parameters, optimizers.SUPPORTED_OPTIMIZERS):
         raise ValueError('optimization_parameters must be an instance of type '
                          '{}. Got {}.'.format(optimizers.SUPPORTED_OPTIMIZERS,
                                               type(given_optimizer)))
     else:
+      feature_columns = None
       for feature, config in feature_to_config_dict.items():
         if not _is_config(config, FeatureConfig):
           raise TypeError(
@@ -466,7 +480,7 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
               '{}'.format(table, type(config)))
     return super().__new__(
         cls,
-        feature_columns=embedding_core_feature_columns,
+        feature_columns=feature_columns,
         tensor_core_feature_columns=tensor_core_feature_columns,
         optimization_parameters=optimization_parameters,
         clipping_limit=clipping_limit,
@@ -492,6 +506,13 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
   def tensor_core_layout(self) -> EmbeddingLayout:
     """Tables and features looked up on the tensor core, trained by the model."""
     return _layout_from_columns(self.tensor_core_feature_columns or [])
+
+  def layout(self) -> EmbeddingLayout:
+    """Every table and feature, each feature with its lookup device: the two
+    layouts above, one after the other (TF's two fields, two namespaces)."""
+    first, second = self.embedding_layout(), self.tensor_core_layout()
+    return EmbeddingLayout(first.tables + second.tables,
+                           first.features + second.features)
 
   def to_mid_level(self, global_step: tf.Variable | None = None
                    ) -> MidLevelConfig:

@@ -8,7 +8,7 @@ takes tensorflow_estimator's own `EstimatorSpec`, so model_fns written against
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -252,9 +252,7 @@ class EstimatorSpec(
     return EstimatorSpec(**dict(self._asdict(), **kwds))
 
 
-class BuiltGraph(collections.namedtuple('BuiltGraph', [
-    'spec', 'checkpoint_names', 'before_save', 'steps_per_run',
-    'loop_iterations', 'eval_loss'])):
+class BuiltGraph(NamedTuple):
   """What building a mode's model gives the session runs, besides the graph.
 
   spec: the `EstimatorSpec` to run.
@@ -268,11 +266,12 @@ class BuiltGraph(collections.namedtuple('BuiltGraph', [
   eval_loss: an evaluation loop's `(mean loss, the loop)` metric, or None:
     the mean of `spec.loss` over the runs.
   """
-
-  def __new__(cls, spec, checkpoint_names=None, before_save=(),
-              steps_per_run=1, loop_iterations=None, eval_loss=None):
-    return super().__new__(cls, spec, checkpoint_names, tuple(before_save),
-                           steps_per_run, loop_iterations, eval_loss)
+  spec: EstimatorSpec
+  checkpoint_names: dict[str, tf.Variable] | None = None
+  before_save: tuple[Callable[[], tf.Operation], ...] = ()
+  steps_per_run: int = 1
+  loop_iterations: tf.Tensor | None = None
+  eval_loss: tuple[tf.Tensor, tf.Operation] | None = None
 
 
 def fields_of(spec, spec_class):

@@ -1,5 +1,8 @@
 """The lookup paths of `embedding_lookup_device`, and the one place that picks them.
 
+`backends_for` gives each path the features of the spec's layout it looks up:
+on the emulated TPU by each feature's lookup device (`_TPU_PATHS`).
+
 * `tpu_embedding_core`: `EmbeddingCoreBackend`, the host engine with the TPU's
   update rules (`host_engine`) over the tables the backend creates; the
   model_fn gets activations.
@@ -32,7 +35,11 @@ DUMMY_VARIABLE_COLLECTION = 'tpu_embedding_dummy_table_variables'
 
 
 def backends_for(spec, mode, on_tpu, partitioned_tables=False, serving=False):
-  """The backends of a graph of `mode` (a ModeKeys value) for `spec`.
+  """The backends of a graph of `mode` (a ModeKeys value) for `spec`, in the
+  order the driver calls them, each with its features of `spec.layout()`.
+
+  A feature's path is its lookup device's on the emulated TPU (`_TPU_PATHS`);
+  a TPU model's prediction and export look every column up on the host.
 
   Args:
     spec: the `EmbeddingConfigSpec`, or None (no backend).
@@ -46,24 +53,32 @@ def backends_for(spec, mode, on_tpu, partitioned_tables=False, serving=False):
   """
   if spec is None or not on_tpu:
     return ()
-  if mode == build_context.PREDICT and (serving or spec.feature_columns or
-                                        spec.tensor_core_feature_columns):
-    return (CpuLookupBackend(spec.embedding_layout(),
-                             spec.tensor_core_feature_columns or ()),)
-  _log_untransformed_ids(tuple(spec.feature_columns or ()) +
-                         tuple(spec.tensor_core_feature_columns or ()))
-  return (EmbeddingCoreBackend(spec, named_by_columns=not partitioned_tables),
-          TensorCoreBackend(spec.tensor_core_feature_columns or ()))
+  layout = spec.layout()
+
+  def path(feature):
+    on_host = mode == build_context.PREDICT and (serving or
+                                                 feature.column is not None)
+    return CpuLookupBackend if on_host else _TPU_PATHS[feature.lookup_device]
+
+  if mode != build_context.PREDICT:
+    _log_untransformed_ids(layout)
+  parts = {backend: layout.where(lambda feature: path(feature) is backend)
+           for backend in (EmbeddingCoreBackend, TensorCoreBackend,
+                           CpuLookupBackend)}
+  return tuple(
+      EmbeddingCoreBackend(spec, part, named_by_columns=not partitioned_tables)
+      if backend is EmbeddingCoreBackend else backend(spec, part)
+      for backend, part in parts.items() if part.features)
 
 
 _LOGGED_UNTRANSFORMED = set()
 
 
-def _log_untransformed_ids(columns):
+def _log_untransformed_ids(layout):
   """Says, once per column, that the TPU does not apply a column's vocabulary
   or hash to integer ids (a string column's ids fail the step, saying so)."""
-  for column in columns:  # (another kind of column is refused with TF's error)
-    categorical = columns_lib.ids_column(column)
+  for feature in layout.features:
+    column, categorical = feature.column, feature.ids_column
     dtype = getattr(categorical, 'dtype', None)  # vocabulary and hash columns
     if (dtype is None or not dtype.is_integer or
         column.name in _LOGGED_UNTRANSFORMED):
@@ -125,8 +140,8 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
   them over in `apply_gradients`.
   """
 
-  def __init__(self, spec, named_by_columns=True):
-    self.layout = spec.embedding_layout()
+  def __init__(self, spec, layout, named_by_columns=True):
+    super().__init__(spec, layout)
     self.tables, self.slots = {}, {}  # table name -> variable, {slot: variable}
     self._read_handles, self._dummies = {}, {}
     self._named_by_columns = named_by_columns
@@ -250,8 +265,8 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
       if batch is not None and batch % num_shards == 0:  # else checked above
         value.set_shape([batch] + value.shape[1:])
       pieces = tf.split(value, num_shards, axis=0) if num_shards > 1 else [value]
-      for shard, piece in enumerate(pieces):
-        shards[shard][name] = piece
+      for index, piece in enumerate(pieces):
+        shards[index][name] = piece
     step = _TiedStep(lookup_step)
     for feature in self.layout.features:
       step.shards[feature.name] = [shard[feature.name] for shard in shards]
@@ -291,25 +306,23 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
 
   def apply_gradients(self, step, aggregate_rows=None):
     """The engine's update from the gradients the ties captured."""
-    gradients = {feature.name: self._captured_gradient(table, feature.name,
-                                                       step)
-                 for table in self.layout.tables
-                 for feature in self.layout.features_of(table.name)}
+    gradients = {feature.name: self._captured_gradient(feature, step)
+                 for feature in self.layout.features}
     return self.engine.apply_gradients(
         step.lookup_step, gradients, pipelined=self._pipelined,
         aggregate_rows=aggregate_rows)
 
   @staticmethod
-  def _captured_gradient(table, name, step):
+  def _captured_gradient(feature, step):
     """d(loss)/d(activation) of one feature over all shards, as the ties
     captured it (zeros where unused)."""
     per_shard = []
-    for shard, piece in enumerate(step.shards[name]):
-      dy = step.captured.get((name, shard))
+    for shard, piece in enumerate(step.shards[feature.name]):
+      dy = step.captured.get((feature.name, shard))
       if dy is None:
         tf.compat.v1.logging.warning(
             'Table %s has undefined gradients for feature %s on shard %d: the '
-            'loss does not depend on it.', table.name, name, shard)
+            'loss does not depend on it.', feature.table, feature.name, shard)
         dy = tf.zeros_like(piece)
       per_shard.append(dy)
     return tf.concat(per_shard, axis=0)
@@ -319,8 +332,8 @@ class EmbeddingCoreBackend(base.EmbeddingBackend):
       return ()
     # Each emulated shard stands for one would-be host of the div partitioning.
     return (profile.LookupProfileHook(
-        step.statistics(), self.layout, self._profile_data_directory,
-        num_hosts=step.num_shards),)
+        step.lookup_step.statistics(), self.layout,
+        self._profile_data_directory, num_hosts=step.lookup_step.num_shards),)
 
   def before_save(self):
     # Checkpoints hold every update: parked ones are applied before each save.
@@ -336,29 +349,19 @@ class _TiedStep:
     self.lookup_step = lookup_step
     self.shards, self.captured = {}, {}
 
-  @property
-  def num_shards(self):
-    return self.lookup_step.num_shards
-
-  def statistics(self):
-    return self.lookup_step.statistics()
-
 
 class TensorCoreBackend(base.EmbeddingBackend):
   """`tpu_tensor_core` columns: densified ids for a gather in the model graph,
   whose variables the model's optimizer trains."""
 
-  def __init__(self, columns):
-    self._columns = tuple(columns)
-
   def model_features(self, features, batch_size):
     """Each tensor-core feature as padded ids and a mask, `[batch_size, width]`
     as TF 2.15 gives them."""
-    return tensor_core.densify(features, self._columns, batch_size)
+    return tensor_core.densify(features, self.layout, batch_size)
 
   def shared_table_creators(self):
-    creators = (getattr(column, 'shared_embedding_column_creator', None)
-                for column in self._columns)
+    creators = (getattr(feature.column, 'shared_embedding_column_creator', None)
+                for feature in self.layout.features)
     return tuple({id(creator): creator for creator in creators
                   if creator is not None}.values())
 
@@ -366,14 +369,22 @@ class TensorCoreBackend(base.EmbeddingBackend):
 class CpuLookupBackend(base.EmbeddingBackend):
   """The columns look up on the host (a TPU model's predict and serving)."""
 
-  def __init__(self, layout, tensor_core_columns):
-    self._layout = layout
-    self._tensor_core_widths = {
-        column.get_feature_key_name(): columns_lib.tensor_core_shape(column)[1]
-        for column in tensor_core_columns}
-
   def model_features(self, features, batch_size):
     """Sequences and tensor-core ids cut as the TPU enqueues them."""
     del batch_size
-    return inputs.cut_as_enqueued(features, self._layout,
-                                  self._tensor_core_widths)
+    on_tensor_core = (lambda feature: feature.lookup_device ==
+                      columns_lib.TPU_TENSOR_CORE)
+    return inputs.cut_as_enqueued(
+        features, self.layout.where(lambda feature: not on_tensor_core(feature)),
+        {feature.name: columns_lib.tensor_core_shape(feature.column)[1]
+         for feature in self.layout.features if on_tensor_core(feature)})
+
+
+# The path of each lookup device on the emulated TPU (training, evaluation,
+# a dict spec's prediction): a new device is a backend and its entry here.
+_TPU_PATHS = {
+    None: EmbeddingCoreBackend,
+    columns_lib.CPU: EmbeddingCoreBackend,
+    columns_lib.TPU_EMBEDDING_CORE: EmbeddingCoreBackend,
+    columns_lib.TPU_TENSOR_CORE: TensorCoreBackend,
+}

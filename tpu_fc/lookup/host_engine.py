@@ -18,7 +18,10 @@ A table created partitioned (in a parameter-server cluster the driver creates
 every table in row-wise `div` parts, one per ps task) is gathered with
 `embedding_lookup` and updated part by part on the device holding the part.
 """
+from __future__ import annotations
+
 import collections
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -26,6 +29,10 @@ from tpu_fc import reference
 from tpu_fc._tf import tf
 from tpu_fc.lookup import inputs as inputs_lib
 from tpu_fc.lookup import sparse_update
+
+if TYPE_CHECKING:
+  from tpu_fc.optimizers import _OptimizationParameters
+  from tpu_fc.spec import EmbeddingLayout
 
 
 def _gather(table, ids):
@@ -131,10 +138,9 @@ class LookupStep:
     self.batch = None
 
   def statistics(self):
-    """Per table, this step's looked-up ids: {'ids', 'unique_ids', 'examples'}
-    (for `profile_data_directory`)."""
-    return {name: {'ids': ids, 'unique_ids': self.unique_ids[name],
-                   'examples': self.batch}
+    """Per table, this step's looked-up ids: {'ids', 'examples'} (for
+    `profile_data_directory`)."""
+    return {name: {'ids': ids, 'examples': self.batch}
             for name, ids in self.all_ids.items()}
 
 
@@ -152,8 +158,12 @@ class HostEmbeddingEngine:
   estimator's, named after the model_fn, is gathered through its handle).
   """
 
-  def __init__(self, layout, optimization_parameters, tables, slots,
-               read_handles=None, gradient_multiplier_fn=None):
+  def __init__(self, layout: EmbeddingLayout,
+               optimization_parameters: _OptimizationParameters | None,
+               tables: dict[str, tf.Variable],
+               slots: dict[str, dict[str, tf.Variable]],
+               read_handles: dict[str, tf.Tensor] | None = None,
+               gradient_multiplier_fn: Callable[[Any], Any] | None = None):
     self.layout = layout
     self.optimization_parameters = optimization_parameters
     self.gradient_multiplier_fn = gradient_multiplier_fn
@@ -168,7 +178,9 @@ class HostEmbeddingEngine:
 
   # Lookups -------------------------------------------------------------------
 
-  def activations(self, enqueued, num_shards=1, read_step=None):
+  def activations(self, enqueued: inputs_lib.Enqueued, num_shards: int = 1,
+                  read_step: tf.Tensor | None = None
+                  ) -> tuple[LookupStep, dict[str, tf.Tensor]]:
     """The step's `LookupStep`, and feature name -> activation (whole batch)
     of every feature of `enqueued` (an `inputs.Enqueued`): `[batch, dim]`,
     or for a sequence feature `[batch, max_sequence_length, dim]` and its

@@ -21,11 +21,17 @@ entries past its `max_sequence_length`.  The batch checks of a step and the
 cut of a TPU model's CPU lookups (`cut_as_enqueued`) are here too: every input
 error text of the lookup paths lives in this module.
 """
+from __future__ import annotations
+
 import collections
 import dataclasses
 import functools
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tpu_fc._tf import tf
+
+if TYPE_CHECKING:
+  from tpu_fc.spec import EmbeddingLayout, FeatureSpec
 
 SEQUENCE_LENGTH_SUFFIX = '_seq_length_'
 STRING_IDS_ERROR = (
@@ -53,24 +59,29 @@ BATCH_SIZE_MISMATCH = (
     "params['batch_size'].")
 
 
-class FeatureInput(collections.namedtuple(
-    'FeatureInput', ['feature', 'ids', 'weights', 'lengths'])):
+class FeatureInput(NamedTuple):
   """One feature as enqueued: its `FeatureSpec`, its ids (a SparseTensor
   `[batch, slot]`, or `[batch, position, slot]` for a multivalent sequence),
   their float32 weights (one per id, or None) and, for a sequence feature,
   its lengths (else None)."""
+  feature: FeatureSpec
+  ids: tf.SparseTensor
+  weights: tf.Tensor | None
+  lengths: tf.Tensor | None
 
 
-class Enqueued(collections.namedtuple('Enqueued', ['inputs', 'ids_checked'])):
+class Enqueued(NamedTuple):
   """What one step enqueues: `inputs` {feature name: `FeatureInput`} and
   `ids_checked`, the op that fails the step (naming the feature) if an id is
   outside its table; lookups run after it."""
+  inputs: dict[str, FeatureInput]
+  ids_checked: tf.Operation | tf.Tensor
 
 
 # The legacy enqueue (TPUEstimator's) --------------------------------------------
 
 
-def legacy(layout, features):
+def legacy(layout: EmbeddingLayout, features: dict[str, Any]) -> Enqueued:
   """The `Enqueued` of `features` (a dict) as TPUEstimator's TPU enqueues them.
 
   Raises on a missing feature or weight, naming it.

@@ -126,8 +126,7 @@ class LookupProfileHook(tf.compat.v1.train.SessionRunHook):
           '0 <= top_k <= max_tracked_ids; got num_hosts={}, every_n_steps={}, '
           'top_k={}, max_tracked_ids={}.'.format(num_hosts, every_n_steps, top_k,
                                                  max_tracked_ids))
-    self._fetches = {name: {'ids': s['ids'], 'examples': s['examples']}
-                     for name, s in statistics.items()}
+    self._fetches = statistics
     self._profiles = {
         name: _TableProfile(layout.table(name),
                             [f.name for f in layout.features_of(name)],

@@ -14,14 +14,15 @@ from tpu_fc._tf import tf
 from tpu_fc.lookup import inputs
 
 
-def densify(features, feature_columns, batch_size=None):
-  """`features` with every tensor-core feature replaced by its padded ids and mask.
+def densify(features, layout, batch_size=None):
+  """`features` with every feature of `layout` (the tensor core's) replaced by
+  its padded ids and mask.
 
   With `batch_size`, ids and mask have TF 2.15's static `[batch_size, width]`.
   """
   result = dict(features)
-  for column in feature_columns:
-    key = column.get_feature_key_name()
+  for feature in layout.features:
+    key, column = feature.name, feature.column
     mask_key = key + columns_lib.TENSOR_CORE_MASK_KEY_SUFFIX
     if mask_key in features:
       raise ValueError(
@@ -39,7 +40,7 @@ def densify(features, feature_columns, batch_size=None):
     ids = tf.sparse.retain(ids, ids.values >= 0)
     ids = tf.SparseTensor(ids.indices, inputs.check_ids(
         key, column.name, ids.values, column.categorical_column.num_buckets,
-        columns_lib.ids_column(column)), ids.dense_shape)
+        feature.ids_column), ids.dense_shape)
     width = columns_lib.tensor_core_shape(column)[1]
     checks = [] if batch_size is None else [
         inputs.check_batch_size(key, ids.dense_shape[0], batch_size)]

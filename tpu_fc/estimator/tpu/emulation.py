@@ -320,6 +320,6 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
                               if update is not None]),
           training_hooks=tuple(hooks)),
       checkpoint_names,
-      before_save=[build_op for build_op in (backend.before_save()
-                                             for backend in backends)
-                   if build_op is not None])
+      before_save=tuple(build_op for build_op in (backend.before_save()
+                                                  for backend in backends)
+                        if build_op is not None))

@@ -26,12 +26,12 @@ The embedding engine looks up a step's global batch: the cores' batches,
 joined in core order (`per_step_input`), which the emulation slices back
 into each core's own.
 """
-import collections
+from typing import NamedTuple
 
 from tpu_fc._tf import tf
 from tpu_fc.estimator import input_fn as input_fn_lib
 from tpu_fc.estimator.model_fn import ModeKeys
-from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
+from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig, TPUConfig
 
 
 # How the cores take their batches.
@@ -41,29 +41,32 @@ PER_HOST_V2 = 'per_host_v2'        # core c of step s: batch s * cores + c
 WHOLE = 'whole'                    # every core: the whole batch
 
 
-class Deployment(collections.namedtuple('Deployment', [
-    'kind', 'num_cores', 'input_fn_batch_size', 'model_fn_batch_size'])):
+class Deployment(NamedTuple):
   """The input of one mode on the emulated TPU: how the cores take their
   batches (`kind`), and `params['batch_size']` of input_fn and model_fn
   (None without a configured batch size)."""
+  kind: str
+  num_cores: int
+  input_fn_batch_size: int | None
+  model_fn_batch_size: int | None
 
   @property
-  def input_fn_calls(self):
+  def input_fn_calls(self) -> int:
     return self.num_cores if self.kind == PER_CORE_CALLS else 1
 
   @property
-  def batches_per_call(self):
+  def batches_per_call(self) -> int:
     """Batches each input_fn call's input gives a step."""
     return self.num_cores if self.kind == PER_HOST_V2 else 1
 
-  def context_deployment(self, invocation):
+  def context_deployment(self, invocation: int) -> tuple[int, int, int]:
     """`TPUContext.current_input_fn_deployment()` of an input_fn call, without
     the device: (invocation index, invocation count, replicas it feeds)."""
     if self.kind == PER_CORE_CALLS:
       return invocation, self.num_cores, 1
     return 0, 1, self.num_cores
 
-  def checked(self, given):
+  def checked(self, given: input_fn_lib.Input) -> input_fn_lib.Input:
     """`given`, an input_fn call's `input_fn.Input`; TF's TypeError for the
     kind of result the deployment cannot take."""
     if self.kind == PER_CORE_CALLS and given.from_dataset:
@@ -78,7 +81,8 @@ class Deployment(collections.namedtuple('Deployment', [
     return given
 
 
-def deployment(tpu_config, mode, num_cores, global_batch_size):
+def deployment(tpu_config: TPUConfig, mode: str, num_cores: int,
+               global_batch_size: int | None) -> Deployment:
   """The `Deployment` of `mode` on `num_cores` emulated cores of one host."""
   pipeline = tpu_config.per_host_input_for_training
   sliced_config = (tpu_config.eval_training_input_configuration ==
