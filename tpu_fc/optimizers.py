@@ -310,6 +310,7 @@ class _OptimizationParameters:
         learning_rate=(self.learning_rate if learning_rate is None
                        else learning_rate),
         clipvalue=None if bounds == (None, None) else bounds,
+        # (the other common fields, as they are)
         **{name: getattr(self, name) for name in _COMMON_FIELDS[1:6]},
         **self.MID_LEVEL.arguments(self))
 
@@ -355,6 +356,9 @@ class ProximalAdagradParameters(_OptimizationParameters):
     ValueError: `initial_accumulator` <= 0, or a regularization strength < 0;
       see also `tpu_fc.optimizers`.
   """
+  initial_accumulator: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
   SLOTS = (('ProximalAdagrad', 'accumulators'),)
   SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator'}
   FEATURE_COLUMNS = True
@@ -411,11 +415,12 @@ class AdagradParameters(_OptimizationParameters):
   Raises:
     ValueError: `initial_accumulator` <= 0; see also `tpu_fc.optimizers`.
   """
+  initial_accumulator: float
   SLOTS = (('Adagrad', 'accumulators'),)
   SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator'}
   FEATURE_COLUMNS = True
-  MID_LEVEL = Twin('Adagrad', initial_accumulator='initial_accumulator_value')
-  KERAS_RS = Twin('Adagrad', initial_accumulator='initial_accumulator_value')
+  MID_LEVEL = KERAS_RS = Twin('Adagrad',
+                              initial_accumulator='initial_accumulator_value')
   RULE = Rule(_adagrad_kernel)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
@@ -476,6 +481,11 @@ class AdamParameters(_OptimizationParameters):
       `lazy_adam=False` without gradient accumulation; see also
       `tpu_fc.optimizers`.
   """
+  beta1: float
+  beta2: float
+  epsilon: float
+  lazy_adam: bool
+  sum_inside_sqrt: bool
   SLOTS = (('Adam/m', 'momenta'), ('Adam/v', 'velocities'))
   TPU_ONLY_SLOTS = True
   FEATURE_COLUMNS = True
@@ -592,6 +602,14 @@ class FtrlParameters(_OptimizationParameters):
     ValueError: `learning_rate_power` > 0, `initial_accumulator_value` < 0, or
       a regularization strength < 0; see also `tpu_fc.optimizers`.
   """
+  learning_rate_power: float
+  initial_accumulator_value: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
+  multiply_linear_by_learning_rate: bool
+  beta: float
+  allow_zero_accumulator: bool
+  initial_linear_value: float
   SLOTS = (('Ftrl', 'accumulators'), ('Ftrl_1', 'linears'))
   SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator_value',
                          'linears': 'initial_linear_value'}
@@ -671,8 +689,7 @@ class StochasticGradientDescentParameters(_OptimizationParameters):
     ValueError: see `tpu_fc.optimizers` (gradient clipping).
   """
   FEATURE_COLUMNS = True
-  MID_LEVEL = Twin('SGD')
-  KERAS_RS = Twin('SGD')
+  MID_LEVEL = KERAS_RS = Twin('SGD')
   RULE = Rule(_sgd_kernel)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
@@ -713,6 +730,8 @@ class MomentumParameters(_OptimizationParameters):
   Raises:
     ValueError: see `tpu_fc.optimizers` (gradient clipping).
   """
+  momentum: float
+  use_nesterov: bool
   SLOTS = (('Momentum', 'momenta'),)
   FEATURE_COLUMNS = True
   RULE = Rule(_momentum_kernel)
@@ -765,6 +784,9 @@ class RMSPropParameters(_OptimizationParameters):
   Raises:
     ValueError: see `tpu_fc.optimizers` (gradient clipping).
   """
+  rho: float
+  momentum: float
+  epsilon: float
   SLOTS = (('RMSProp/ms', 'ms'), ('RMSProp/mom', 'mom'))
   TPU_ONLY_SLOTS = True
   FEATURE_COLUMNS = True
@@ -830,6 +852,11 @@ class AdagradMomentumParameters(_OptimizationParameters):
     ValueError: `epsilon` <= 0 or `exponent` <= 0; see also
       `tpu_fc.optimizers`.
   """
+  momentum: float
+  use_nesterov: bool
+  exponent: float
+  beta2: float
+  epsilon: float
   SLOTS = (('AdagradMomentum/Accumulator', 'accumulators'),
            ('AdagradMomentum/Momentum', 'momenta'))
   TPU_ONLY_SLOTS = True
@@ -897,6 +924,12 @@ class ProximalYogiParameters(_OptimizationParameters):
     ValueError: `beta1` or `beta2` outside [0, 1), `epsilon` <= 0, or a
       regularization strength < 0; see also `tpu_fc.optimizers`.
   """
+  beta1: float
+  beta2: float
+  epsilon: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
+  initial_accumulator_value: float
   SLOTS = (('ProximalYogi', 'velocities'), ('ProximalYogi_1', 'momenta'))
   SLOT_INITIAL_FIELDS = {'velocities': 'initial_accumulator_value'}
   TPU_ONLY_SLOTS = True
@@ -965,6 +998,10 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
     weight_exponent: kept for TF's signature; the emulated update does not
       read it (what the device does with it is not pinned by a source).
   """
+  tau: float
+  max_delta: float
+  outlier_threshold: float
+  weight_exponent: float
   SLOTS = (('FrequencyEstimator', 'last_hit_step'),)
   TPU_ONLY_SLOTS = True
   RULE = Rule(rows=_frequency_estimator_rows)
@@ -1012,8 +1049,8 @@ def optimizer_classes() -> tuple[type[_OptimizationParameters], ...]:
 def twin_names(classes: Iterable[type[_OptimizationParameters]]) -> list[str]:
   """The names of the mid-level twins of `classes`, as messages list them:
   SGD (no slots) first, then by name."""
-  ordered = sorted(classes, key=lambda cls: (bool(cls.SLOTS), cls.MID_LEVEL.name))
-  return list(dict.fromkeys(cls.MID_LEVEL.name for cls in ordered))
+  return list(dict.fromkeys(name for _, name in sorted(
+      (bool(cls.SLOTS), cls.MID_LEVEL.name) for cls in classes if cls.MID_LEVEL)))
 
 
 def as_tpu_fc_parameters(parameters: Any) -> Any:

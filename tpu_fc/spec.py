@@ -302,14 +302,6 @@ def _check_dicts_as_a_tpu_does(feature_to_config_dict, table_to_config_dict,
     raise ValueError('`optimization_parameters` is missing.')
 
 
-def _check_tables_as_a_tpu_does(layout, default_parameters):
-  """TF 2.15's checks where its engine creates a table (e.g.
-  `_FrequencyEstimatorHandler.create_variables_and_ops`), naming the table."""
-  for table in layout.tables:
-    (table.optimizer or default_parameters).check_table(table.name,
-                                                        table.dimension)
-
-
 def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   tables = {name: _table_spec_from_config(name, config)
             for name, config in table_to_config_dict.items()}
@@ -483,7 +475,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
                                self.optimization_parameters)
     layout = _layout_from_dicts(self.feature_to_config_dict,
                                 self.table_to_config_dict)
-    _check_tables_as_a_tpu_does(layout, self.optimization_parameters)
+    for table in layout.tables:  # (checked where TF 2.15's engine creates it)
+      (table.optimizer or self.optimization_parameters).check_table(
+          table.name, table.dimension)
     return layout
 
   def tensor_core_layout(self) -> EmbeddingLayout:
