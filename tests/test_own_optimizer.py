@@ -94,11 +94,11 @@ def _slot_values(estimator, slots):
       '{}/{}'.format(models.TABLE, suffix)) for suffix, slot in slots}
 
 
+@pytest.mark.usefixtures('own')
 @pytest.mark.parametrize('optimizer', sorted(OWN_OPTIMIZERS))
-def test_the_host_engine_applies_the_classs_rule(tmp_path, own, optimizer):
+def test_the_host_engine_applies_the_classs_rule(tmp_path, optimizer):
   """The emulated TPU's embedding core, on two cores, two steps: the table and
   accumulators are the oracle's, and not those of its twin's rule."""
-  del own
   estimator = estimators.contract_estimator(tmp_path, 'embedding_core',
                                             optimizer)
   estimator.train(inputs.contract_input_fn('sparse'), steps=2)
@@ -111,11 +111,11 @@ def test_the_host_engine_applies_the_classs_rule(tmp_path, own, optimizer):
         table, slots)
 
 
+@pytest.mark.usefixtures('own')
 @pytest.mark.parametrize('path', ['cpu', 'tensor_core'])
-def test_the_models_optimizer_trains_the_other_paths(tmp_path, own, path):
+def test_the_models_optimizer_trains_the_other_paths(tmp_path, path):
   """With the class as the spec's optimizer, the cpu and tensor-core tables
   are model variables that the model's SGD trains, and have no slot."""
-  del own
   estimator = estimators.contract_estimator(tmp_path, path, 'sgd',
                                             spec_optimizer=OWN)
   estimator.train(inputs.contract_input_fn('sparse'), steps=2)
