@@ -29,11 +29,9 @@ ESTIMATOR_MEMBERS = (
     'experimental_export_all_saved_models', 'model_fn', 'latest_checkpoint',
     'get_variable_names', 'get_variable_value', 'model_dir', 'config',
     'params', 'eval_dir')
-_OPTIMIZERS = (
-    'StochasticGradientDescentParameters', 'AdagradParameters',
-    'AdamParameters', 'FtrlParameters', 'ProximalAdagradParameters',
-    'MomentumParameters', 'RMSPropParameters', 'AdagradMomentumParameters',
-    'ProximalYogiParameters', 'FrequencyEstimatorParameters')
+# Every optimizer class, in tpu_fc.optimizers' order (loads TensorFlow).
+_OPTIMIZERS = [cls.__name__ for cls in importlib.import_module(
+    'tpu_fc.optimizers').ALL_OPTIMIZERS]
 
 # (section title, the module whose docstring introduces it, its entries:
 # (a public name's dotted path, the members documented below it[, the name

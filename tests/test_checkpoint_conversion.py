@@ -24,8 +24,9 @@ from tpu_fc import naming
 from tpu_fc._tf import tf
 
 from harness.checkpoints import (A_TABLE, BATCH, OPTIMIZERS, SHARED_TABLE,
-                                 checkpoint_values, input_fn, make_spec,
-                                 model_fn, train)
+                                 assert_converted_back, checkpoint_values,
+                                 input_fn, make_spec, model_fn,
+                                 tpu_embedding_variables, train)
 
 fc = tf.feature_column
 
@@ -86,12 +87,7 @@ def test_mid_level_checkpoint_restores_into_a_real_tpu_embedding(trained, servin
 def test_round_trip_gives_the_original_checkpoint_bit_for_bit(trained, tmp_path):
   spec, model_dir, mid_level = trained
   back = conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path))
-  original = {name: value for name, value in checkpoint_values(model_dir).items()
-              if not name.startswith(naming.DUMMY_VARIABLE_PREFIX)}
-  converted = checkpoint_values(back)
-  assert sorted(converted) == sorted(original)
-  for name, value in original.items():
-    np.testing.assert_array_equal(converted[name], value, err_msg=name)
+  assert_converted_back(back, checkpoint_values(model_dir))
   assert tf.train.latest_checkpoint(str(tmp_path)) == back
 
 
@@ -364,13 +360,7 @@ def test_adagrad_momentum_slots_convert_both_ways(trained_dict, tmp_path,
   legacy = checkpoint_values(model_dir)
   mid_level = conversion.to_mid_level_checkpoint(spec, str(model_dir),
                                                  str(tmp_path / 'mid'))
-  config = spec.to_mid_level()
-  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
-      config.feature_config, config.optimizer)
-  status = tf.train.Checkpoint(embedding=embedding).read(mid_level)
-  embedding.build()
-  status.assert_existing_objects_matched()
-  variables = embedding._variables  # pylint: disable=protected-access
+  variables = tpu_embedding_variables(spec, mid_level)
   for table in ('ta', 'tb'):
     assert sorted(variables[table]) == ['accumulators', 'momenta', 'parameters']
     np.testing.assert_array_equal(variables[table]['parameters'].numpy(),
@@ -384,12 +374,7 @@ def test_adagrad_momentum_slots_convert_both_ways(trained_dict, tmp_path,
   cli.main(['inspect', mid_level])
   assert 'ta  [10, 3]  optimizer: AdagradMomentum' in capsys.readouterr().out
   back = conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'back'))
-  converted = checkpoint_values(back)
-  original = {name: value for name, value in legacy.items()
-              if not name.startswith(naming.DUMMY_VARIABLE_PREFIX)}
-  assert sorted(converted) == sorted(original)
-  for name, value in original.items():
-    np.testing.assert_array_equal(converted[name], value, err_msg=name)
+  assert_converted_back(back, legacy)
 
 
 def test_wrong_direction_and_missing_checkpoint_are_refused(trained, tmp_path):

@@ -11,6 +11,7 @@ import pytest
 
 from harness import oracle
 import tpu_fc
+from tpu_fc import optimizers
 from tpu_fc import reference
 from tpu_fc.lookup import sparse_update
 import tensorflow as tf  # pylint: disable=g-bad-import-order  (after tpu_fc)
@@ -414,12 +415,13 @@ def test_eager_and_tf_function(case):
 
 @pytest.mark.legacy_only
 def test_tf_215_parameter_classes():
-  """TF's own legacy classes are recognised by name, like the reference."""
+  """TF's own legacy classes, converted as the spec converts them, update as
+  the reference does with TF's object (recognised by name)."""
   params = tf.compat.v1.tpu.experimental.FtrlParameters(
       PARAMS_LR, l1_regularization_strength=0.3, beta=0.5,
       clip_weight_min=-0.3)
   table, slots, grads = random_state(params=make('ftrl'))
-  with Harness(params) as harness:
+  with Harness(optimizers.as_tpu_fc_parameters(params)) as harness:
     assert list(harness.slots) == ['accumulators', 'linears']
     harness.load(table, slots)
     (ids, lr), g = STEPS[0], grads[0]

@@ -53,22 +53,28 @@ _PUBLIC = {
     'TableConfig': 'tpu_fc.spec',
 }
 _PUBLIC.update(dict.fromkeys((
-    'AdagradMomentumParameters', 'AdagradParameters', 'AdamParameters',
-    'FrequencyEstimatorParameters', 'FtrlParameters', 'MomentumParameters',
-    'ProximalAdagradParameters', 'ProximalYogiParameters', 'RMSPropParameters',
-    'StochasticGradientDescentParameters'), 'tpu_fc.optimizers'))
-_PUBLIC.update(dict.fromkeys((
     'BestExporter', 'EstimatorSpec', 'EvalSpec', 'Exporter', 'FinalExporter',
     'InputPipelineConfig', 'LatestExporter', 'ModeKeys', 'RunConfig',
     'TPUConfig', 'TPUEstimator', 'TPUEstimatorSpec', 'train_and_evaluate',
     'TrainSpec'), 'tpu_fc.estimator'))
 
-__all__ = sorted(_PUBLIC) + ['export', 'mid_level', 'tfrs']
+_MODULES = ['export', 'mid_level', 'tfrs']
+
+
+def _optimizer_names():
+  """The legacy `*Parameters` (`tpu_fc.optimizers.ALL_OPTIMIZERS`; loads
+  TensorFlow, so `__all__` is computed when first read)."""
+  optimizers = importlib.import_module('tpu_fc.optimizers')
+  return [cls.__name__ for cls in optimizers.ALL_OPTIMIZERS]
 
 
 def __getattr__(name):
   if name in _PUBLIC:
     value = getattr(importlib.import_module(_PUBLIC[name]), name)
+  elif name == '__all__':
+    value = sorted(list(_PUBLIC) + _optimizer_names()) + _MODULES
+  elif name.endswith('Parameters') and name in _optimizer_names():
+    value = getattr(importlib.import_module('tpu_fc.optimizers'), name)
   elif name in {module.name for module in pkgutil.iter_modules(__path__)}:
     value = importlib.import_module('tpu_fc.' + name)  # e.g. tpu_fc.export
   else:
@@ -78,4 +84,4 @@ def __getattr__(name):
 
 
 def __dir__():
-  return sorted(set(globals()) | set(__all__))
+  return sorted(set(globals()) | set(__getattr__('__all__')))

@@ -44,10 +44,6 @@ _OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
 _GLOBAL_STEP_NAME = 'global_step'
 _MID_LEVEL_PREFIX = 'ckpt'
 _LEGACY_PREFIX = 'model.ckpt'
-# Slot suffixes only the TPU embedding optimizers write (model optimizers differ,
-# or have no such optimizer).
-_TPU_ONLY_SLOT_SUFFIXES = ('Adam/m', 'RMSProp/ms', 'AdagradMomentum/Accumulator',
-                           'ProximalYogi_1', 'FrequencyEstimator')
 
 
 class CheckpointConversionError(ValueError):
@@ -661,15 +657,17 @@ def save_embedding(embedding: Any, directory: str,
 
 
 def _slot_signatures():
-  """Slot suffixes (legacy) and slot names (mid-level) -> optimizer description."""
+  """Slot suffixes (legacy) and slot names (mid-level) -> optimizer description,
+  of every optimizer class (the first of those with one signature)."""
   legacy, mid_level = {}, {}
-  for parameters in optimizers.ALL_OPTIMIZERS:
+  for parameters in optimizers.optimizer_classes():
     name = parameters.__name__[:-len('Parameters')]
-    legacy[frozenset(s for s, _ in parameters.SLOTS)] = name + ' (TPU embedding)'
-    if not parameters._NO_MID_LEVEL_TWIN:  # pylint: disable=protected-access
+    legacy.setdefault(frozenset(s for s, _ in parameters.SLOTS),
+                      name + ' (TPU embedding)')
+    if parameters.MID_LEVEL is not None:
       # Only optimizers with a mid-level twin write mid-level checkpoints
       # (ProximalAdagrad's accumulators alone would read as Adagrad's).
-      mid_level[frozenset(m for _, m in parameters.SLOTS)] = name
+      mid_level.setdefault(frozenset(m for _, m in parameters.SLOTS), name)
   legacy.update({
       # (the TPU's SGD has no slots, nor has a model-trained table's SGD)
       frozenset(): 'no slots: StochasticGradientDescent (TPU embedding, or '
@@ -694,8 +692,8 @@ def inspect_checkpoint(path: str,
 
   Without a spec, tables are the rank-2 variables named like feature-column tables
   (`.../embedding_weights`, `..._shared_embedding`) or owning TPU-only slots
-  (`_TPU_ONLY_SLOT_SUFFIXES`: `Adam/m`, `RMSProp/ms`, ...); with one, exactly
-  the spec's tables.
+  (of an optimizer class with `TPU_ONLY_SLOTS`: `Adam/m`, `RMSProp/ms`, ...);
+  with one, exactly the spec's tables.
 
   Args:
     path: a checkpoint prefix, or a model_dir (its latest checkpoint); legacy
@@ -763,9 +761,13 @@ def inspect_checkpoint(path: str,
 
 
 def _looks_like_table(name, values):
-  """A feature-column table name, or a variable with TPU-only slot suffixes."""
+  """A feature-column table name, or a variable with slot suffixes only TPU
+  embedding optimizers write (`TPU_ONLY_SLOTS`: model optimizers differ, or
+  have no such optimizer)."""
   return naming.is_column_table(name) or any(
-      name + '/' + suffix in values for suffix in _TPU_ONLY_SLOT_SUFFIXES)
+      name + '/' + suffix in values
+      for parameters in optimizers.optimizer_classes()
+      if parameters.TPU_ONLY_SLOTS for suffix, _ in parameters.SLOTS)
 
 
 def _table_entry(name, value, slots, signatures):

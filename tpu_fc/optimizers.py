@@ -7,9 +7,17 @@ All ten of TF 2.15's `tensorflow.python.tpu.tpu_embedding` are here: the seven i
 `EmbeddingConfigSpec` takes with feature columns (`SUPPORTED_OPTIMIZERS`) and
 AdagradMomentum, ProximalYogi and FrequencyEstimator, which its engine trains when a
 dict-configured spec names them.
-The update rules they stand for are defined once, in numpy, in `tpu_fc.reference`
-(step order: duplicate ids summed, gradient clipping, the rule, decoupled weight
-decay, weight clipping).
+
+A class is all tpu_fc knows of its optimizer, as TF's mid-level `_Optimizer`
+subclasses are (`_OptimizationParameters`' class attributes): its slots, their
+legacy checkpoint names and initial values, its mid-level and keras-rs twins and
+the TPU update the host engine applies (its `Rule`: a TF kernel or a row
+function, defined before the class; `tpu_fc.lookup.sparse_update` runs it).
+Every list of optimizers and every dispatch on one is derived from the classes,
+so defining a subclass, here or in a user's code, adds an optimizer.
+The update rules they stand for are defined, in numpy, in `tpu_fc.reference`, the
+oracle, which imports nothing of tpu_fc (step order: duplicate ids summed,
+gradient clipping, the rule, decoupled weight decay, weight clipping).
 
 A `*Parameters` object is immutable: setting or deleting an attribute raises
 `AttributeError` (TF 2.15 allowed it; a spec shared by estimators must not change
@@ -45,14 +53,20 @@ Raises (every constructor, before its own checks):
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Iterable, Mapping, NamedTuple
+
+import numpy as np
 
 from tpu_fc._tf import tf
+
+_F32 = np.float32
 
 _COMMON_FIELDS = ('learning_rate', 'use_gradient_accumulation', 'clip_weight_min',
                   'clip_weight_max', 'weight_decay_factor',
                   'multiply_weight_decay_factor_by_learning_rate',
                   'clip_gradient_min', 'clip_gradient_max')
+# Every class defined, in order: tpu_fc's, then any subclass defined since.
+_CLASSES: list[type[_OptimizationParameters]] = []
 
 
 def _common(arguments):
@@ -76,17 +90,103 @@ def _check_epsilon(value):
     raise ValueError('epsilon must be positive; got {}.'.format(value))
 
 
+# The update rules: kernels `(parameters, table handle, {slot: handle}, ids, g,
+# lr) -> op` updating the rows `ids` in place, and row functions (the
+# reference's formulas on tensors of rows), each before its class.
+
+
+def _hyper(parameters, *names):
+  """Named hyperparameters as float32 constants: float32 arithmetic, as the reference."""
+  return [tf.constant(_F32(getattr(parameters, name))) for name in names]
+
+
+class Rule(NamedTuple):
+  """How the host engine applies an optimizer's update (its class's `RULE`;
+  `tpu_fc.lookup.sparse_update` runs it): on a TF kernel where that computes
+  the reference's rule (fast, in place), else by the reference's formulas on
+  the gathered rows.
+
+  Attributes:
+    kernel: `(parameters, table handle, {slot: handle}, ids, g, lr) -> op`,
+      updating the rows `ids` in place; None: `rows` always.
+    rows: `(parameters, w, {slot: rows}, g, lr) -> (new w, {slot: new rows})`
+      on tensors of the rows; None: `kernel` always.
+    kernel_is_exact: `parameters -> bool`, whether `kernel` may be used at
+      all (default: always).
+    kernel_needs_positive_lr: the kernel raises for `lr <= 0`: `rows` then.
+  """
+  kernel: Callable[..., Any] | None = None
+  rows: Callable[..., Any] | None = None
+  kernel_is_exact: Callable[[Any], bool] = lambda parameters: True
+  kernel_needs_positive_lr: bool = False
+
+
+class Twin:
+  """The optimizer of another API that applies a class's rule: its class name
+  there and the argument (and attribute) each of the class's own fields
+  becomes; the common fields map by the API (`to_mid_level`, keras-rs).
+
+  Args:
+    name: the class in `tf.tpu.experimental.embedding` (`MID_LEVEL`) or in
+      `keras.optimizers` (`KERAS_RS`).
+    *same: the fields whose argument has their name.
+    losses: (field, lost(value), why and what to do) of each value the twin
+      cannot carry: refused, not dropped.
+    **renamed: field=argument of the others.
+  """
+
+  def __init__(self, name: str, *same: str,
+               losses: tuple[tuple[str, Callable[[Any], bool], str], ...] = (),
+               **renamed: str):
+    self.name = name
+    self.fields: dict[str, str] = dict(zip(same, same), **renamed)
+    self.losses = losses
+
+  def arguments(self, parameters: _OptimizationParameters) -> dict[str, Any]:
+    """The twin's arguments for the own fields of `parameters`."""
+    return {argument: getattr(parameters, field)
+            for field, argument in self.fields.items()}
+
+
 class _OptimizationParameters:
   """What every `*Parameters` class has: its arguments as read-only
   attributes, the checks shared by all (module doc), equality by class and
   fields, `to_mid_level()` and `replace()`.
 
-  Class attributes of each subclass:
-    SLOTS: (legacy TPU checkpoint suffix, mid-level slot name) per slot variable, in
-      the order the mid-level optimizer creates them (without a mid-level twin: the
-      order of TF 2.15's `_*Handler`, tpu_fc's names).
+  The class attributes below are all tpu_fc knows of an optimizer: a new one
+  is a subclass that sets them (defined outside tpu_fc too).
+
+  Attributes:
+    SLOTS: (legacy TPU checkpoint suffix, mid-level slot name) per slot
+      variable, in the order the mid-level twin creates them (without one:
+      the order of TF 2.15's `_*Handler`, tpu_fc's names).
+    SLOT_INITIAL_FIELDS: the field each slot (by mid-level name) starts at;
+      the others start at 0.
+    TPU_ONLY_SLOTS: no model optimizer writes these suffixes, so a variable
+      with them is an embedding table (`tpu-fc inspect`).
+    FEATURE_COLUMNS: the spec takes it with feature columns (TF 2.15's
+      seven, `SUPPORTED_OPTIMIZERS`); with dict configs it takes every class.
+    MID_LEVEL: the `tf.tpu.experimental.embedding` optimizer of the same
+      rule, both ways (`to_mid_level()`, `from_mid_level`); None: there is
+      none, and `to_mid_level()` raises the class's `_NO_MID_LEVEL_TWIN`.
+    KERAS_RS: the Keras 3 optimizer keras-rs converts to the `MID_LEVEL` twin
+      (`EmbeddingConfigSpec.to_keras_rs`); None: keras-rs cannot train it.
+    RULE: the TPU update the host engine applies, on a TF kernel or by the
+      reference's formulas on rows (`Rule`).
   """
-  SLOTS = ()
+  SLOTS: ClassVar[tuple[tuple[str, str], ...]] = ()
+  SLOT_INITIAL_FIELDS: ClassVar[Mapping[str, str]] = {}
+  TPU_ONLY_SLOTS: ClassVar[bool] = False
+  FEATURE_COLUMNS: ClassVar[bool] = False
+  MID_LEVEL: ClassVar[Twin | None] = None
+  _NO_MID_LEVEL_TWIN: ClassVar[str] = ''
+  KERAS_RS: ClassVar[Twin | None] = None
+  RULE: ClassVar[Rule | None] = None
+  _DERIVED_FIELDS: ClassVar[tuple[str, ...]] = ()
+
+  def __init_subclass__(cls, **kwargs: Any) -> None:
+    super().__init_subclass__(**kwargs)
+    _CLASSES.append(cls)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
                use_gradient_accumulation: bool,
@@ -109,7 +209,7 @@ class _OptimizationParameters:
       raise ValueError('When using gradient clipping limits, gradient  '
                        'accumulation must be enabled.')
 
-  def _keep(self, arguments, **derived):
+  def _keep(self, arguments: Mapping[str, Any], **derived: Any) -> None:
     """Stores a subclass constructor's own arguments (its `locals()` less the
     common ones) and `derived` fields, in that order, then freezes."""
     own = {name: value for name, value in arguments.items()
@@ -118,14 +218,14 @@ class _OptimizationParameters:
       object.__setattr__(self, name, value)
     object.__setattr__(self, '_frozen', True)
 
-  def __setattr__(self, name, value):
+  def __setattr__(self, name: str, value: Any) -> None:
     if getattr(self, '_frozen', False):
       raise AttributeError(
           '{} is immutable; build a new one instead of setting {!r}.'.format(
               type(self).__name__, name))
     object.__setattr__(self, name, value)
 
-  def __delattr__(self, name):
+  def __delattr__(self, name: str) -> None:
     if getattr(self, '_frozen', False):
       raise AttributeError('{} is immutable; cannot delete {!r}.'.format(
           type(self).__name__, name))
@@ -154,37 +254,31 @@ class _OptimizationParameters:
     arguments.update(changes)
     return type(self)(**arguments)
 
-  _DERIVED_FIELDS = ()
-
-  def __eq__(self, other):
+  def __eq__(self, other: Any) -> bool:
     return type(self) is type(other) and self.fields() == other.fields()
 
-  def __hash__(self):
+  def __hash__(self) -> int:
     return hash((type(self).__name__,) + tuple(
         (k, v if isinstance(v, (int, float, bool, str, type(None))) else id(v))
         for k, v in self.fields().items()))
 
-  def __repr__(self):
+  def __repr__(self) -> str:
     return '{}({})'.format(type(self).__name__, ', '.join(
         '{}={!r}'.format(k, v) for k, v in self.fields().items()))
 
   def slot_initial_values(self) -> dict[str, float]:
     """Initial value of each slot variable, keyed by mid-level slot name."""
-    return {}
+    return {slot: getattr(self, self.SLOT_INITIAL_FIELDS[slot])
+            if slot in self.SLOT_INITIAL_FIELDS else 0.0
+            for _, slot in self.SLOTS}
 
-  def _mid_level_common(self, learning_rate):
-    clipvalue = None
-    if self.clip_gradient_min is not None or self.clip_gradient_max is not None:
-      clipvalue = (self.clip_gradient_min, self.clip_gradient_max)
-    return dict(
-        learning_rate=self.learning_rate if learning_rate is None else learning_rate,
-        use_gradient_accumulation=self.use_gradient_accumulation,
-        clip_weight_min=self.clip_weight_min,
-        clip_weight_max=self.clip_weight_max,
-        weight_decay_factor=self.weight_decay_factor,
-        multiply_weight_decay_factor_by_learning_rate=(
-            self.multiply_weight_decay_factor_by_learning_rate),
-        clipvalue=clipvalue)
+  def updates_every_row(self) -> bool:
+    """Whether a step updates every row of the table, not only those looked up."""
+    return False
+
+  def check_table(self, name: str, dimension: int) -> None:
+    """Raises `ValueError` for a table (`name`, of `dimension`) this optimizer
+    cannot train, as TF 2.15's engine does where it creates the table."""
 
   def to_mid_level(
       self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
@@ -199,8 +293,8 @@ class _OptimizationParameters:
         `learning_rate_fn`; None: this object's.
 
     Returns:
-      A `tf.tpu.experimental.embedding.SGD`, `Adagrad`, `AdagradMomentum`,
-      `Adam` or `FTRL`.
+      The class's `MID_LEVEL` twin: a `tf.tpu.experimental.embedding.SGD`,
+      `Adagrad`, `AdagradMomentum`, `Adam` or `FTRL` for tpu_fc's.
 
     Raises:
       NotImplementedError: the class has no mid-level twin (ProximalAdagrad,
@@ -209,83 +303,37 @@ class _OptimizationParameters:
       ValueError: `FtrlParameters` with `initial_accumulator_value=0`, which
         the mid-level FTRL refuses.
     """
-    raise NotImplementedError(self._NO_MID_LEVEL_TWIN)
-
-  _NO_MID_LEVEL_TWIN = ''
-
-
-class StochasticGradientDescentParameters(_OptimizationParameters):
-  """Plain SGD: `w -= lr * g`.  No slots.
-
-  Args:
-    learning_rate: the tables' learning rate.
-    use_gradient_accumulation, clip_weight_min, clip_weight_max,
-      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
-      clip_gradient_min, clip_gradient_max: as for every optimizer
-      (`tpu_fc.optimizers`).
-
-  Raises:
-    ValueError: see `tpu_fc.optimizers` (gradient clipping).
-  """
-
-  def __init__(self, learning_rate: float | Callable[[], Any],
-               use_gradient_accumulation: bool = True,
-               clip_weight_min: float | None = None,
-               clip_weight_max: float | None = None,
-               weight_decay_factor: float | None = None,
-               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
-               clip_gradient_min: float | None = None,
-               clip_gradient_max: float | None = None):
-    super().__init__(**_common(locals()))
-    self._keep(locals())
-
-  def to_mid_level(
-      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
-    return tf.tpu.experimental.embedding.SGD(
-        **self._mid_level_common(learning_rate))
+    if self.MID_LEVEL is None:
+      raise NotImplementedError(self._NO_MID_LEVEL_TWIN)
+    bounds = (self.clip_gradient_min, self.clip_gradient_max)
+    return getattr(tf.tpu.experimental.embedding, self.MID_LEVEL.name)(
+        learning_rate=(self.learning_rate if learning_rate is None
+                       else learning_rate),
+        clipvalue=None if bounds == (None, None) else bounds,
+        # (the other common fields, as they are)
+        **{name: getattr(self, name) for name in _COMMON_FIELDS[1:6]},
+        **self.MID_LEVEL.arguments(self))
 
 
-class AdagradParameters(_OptimizationParameters):
-  """Adagrad without epsilon: `a += g*g; w -= lr * g / sqrt(a)`.
+def _proximal_adagrad_kernel(parameters, table, slots, ids, g, lr):
+  l1, l2 = _hyper(parameters, 'l1_regularization_strength',
+                  'l2_regularization_strength')
+  return tf.raw_ops.ResourceSparseApplyProximalAdagrad(
+      var=table, accum=slots['accumulators'], lr=lr, l1=l1, l2=l2, grad=g,
+      indices=ids)
 
-  Slot: the accumulator `a` (checkpoint suffix `Adagrad`).
 
-  Args:
-    learning_rate: the tables' learning rate.
-    initial_accumulator: the value every accumulator starts at; must be > 0.
-    use_gradient_accumulation, clip_weight_min, clip_weight_max,
-      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
-      clip_gradient_min, clip_gradient_max: as for every optimizer
-      (`tpu_fc.optimizers`).
-
-  Raises:
-    ValueError: `initial_accumulator` <= 0; see also `tpu_fc.optimizers`.
-  """
-  SLOTS = (('Adagrad', 'accumulators'),)
-
-  def __init__(self, learning_rate: float | Callable[[], Any],
-               initial_accumulator: float = 0.1,
-               use_gradient_accumulation: bool = True,
-               clip_weight_min: float | None = None,
-               clip_weight_max: float | None = None,
-               weight_decay_factor: float | None = None,
-               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
-               clip_gradient_min: float | None = None,
-               clip_gradient_max: float | None = None):
-    super().__init__(**_common(locals()))
-    if initial_accumulator <= 0:
-      raise ValueError(f'Adagrad initial_accumulator must be greater than zero. '
-                       f'Received: {initial_accumulator}.')
-    self._keep(locals())
-
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'accumulators': self.initial_accumulator}
-
-  def to_mid_level(
-      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
-    return tf.tpu.experimental.embedding.Adagrad(
-        initial_accumulator_value=self.initial_accumulator,
-        **self._mid_level_common(learning_rate))
+def _proximal_adagrad_rows(parameters, w, slots, g, lr):
+  """ProximalAdagrad for rates the kernel rejects (`lr <= 0`)."""
+  l1, l2 = _hyper(parameters, 'l1_regularization_strength',
+                  'l2_regularization_strength')
+  one = tf.constant(_F32(1.0))
+  a = slots['accumulators'] + g * g
+  lr_t = lr / tf.sqrt(a)
+  u = w - lr_t * g
+  shrunk = tf.sign(u) * tf.maximum(tf.abs(u) - lr_t * l1,
+                                   tf.constant(_F32(0.0)))
+  return shrunk / (one + lr_t * l2), {'accumulators': a}
 
 
 class ProximalAdagradParameters(_OptimizationParameters):
@@ -308,7 +356,14 @@ class ProximalAdagradParameters(_OptimizationParameters):
     ValueError: `initial_accumulator` <= 0, or a regularization strength < 0;
       see also `tpu_fc.optimizers`.
   """
+  initial_accumulator: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
   SLOTS = (('ProximalAdagrad', 'accumulators'),)
+  SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator'}
+  FEATURE_COLUMNS = True
+  RULE = Rule(_proximal_adagrad_kernel, _proximal_adagrad_rows,
+              kernel_needs_positive_lr=True)
   _NO_MID_LEVEL_TWIN = (
       'ProximalAdagradParameters has no twin in tf.tpu.experimental.embedding. '
       'The closest mid-level optimizer is tf.tpu.experimental.embedding.Adagrad '
@@ -335,8 +390,66 @@ class ProximalAdagradParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'accumulators': self.initial_accumulator}
+
+def _adagrad_kernel(parameters, table, slots, ids, g, lr):
+  """V2 with ε = 0 computes `η g / √a`, the reference's order (V1 uses rsqrt)."""
+  del parameters
+  return tf.raw_ops.ResourceSparseApplyAdagradV2(
+      var=table, accum=slots['accumulators'], lr=lr, epsilon=_F32(0.0),
+      grad=g, indices=ids)
+
+
+class AdagradParameters(_OptimizationParameters):
+  """Adagrad without epsilon: `a += g*g; w -= lr * g / sqrt(a)`.
+
+  Slot: the accumulator `a` (checkpoint suffix `Adagrad`).
+
+  Args:
+    learning_rate: the tables' learning rate.
+    initial_accumulator: the value every accumulator starts at; must be > 0.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: `initial_accumulator` <= 0; see also `tpu_fc.optimizers`.
+  """
+  initial_accumulator: float
+  SLOTS = (('Adagrad', 'accumulators'),)
+  SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator'}
+  FEATURE_COLUMNS = True
+  MID_LEVEL = KERAS_RS = Twin('Adagrad',
+                              initial_accumulator='initial_accumulator_value')
+  RULE = Rule(_adagrad_kernel)
+
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               initial_accumulator: float = 0.1,
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
+    super().__init__(**_common(locals()))
+    if initial_accumulator <= 0:
+      raise ValueError(f'Adagrad initial_accumulator must be greater than zero. '
+                       f'Received: {initial_accumulator}.')
+    self._keep(locals())
+
+
+def _adam_rows(parameters, w, slots, g, lr):
+  """Adam without bias correction (no TF kernel has both denominators)."""
+  b1, b2, eps = _hyper(parameters, 'beta1', 'beta2', 'epsilon')
+  one = tf.constant(_F32(1.0))
+  m = b1 * slots['momenta'] + (one - b1) * g
+  v = b2 * slots['velocities'] + (one - b2) * g * g
+  if parameters.sum_inside_sqrt:
+    denominator = tf.sqrt(v + eps * eps)
+  else:
+    denominator = tf.sqrt(v) + eps
+  return w - lr * m / denominator, {'momenta': m, 'velocities': v}
 
 
 class AdamParameters(_OptimizationParameters):
@@ -368,7 +481,24 @@ class AdamParameters(_OptimizationParameters):
       `lazy_adam=False` without gradient accumulation; see also
       `tpu_fc.optimizers`.
   """
+  beta1: float
+  beta2: float
+  epsilon: float
+  lazy_adam: bool
+  sum_inside_sqrt: bool
   SLOTS = (('Adam/m', 'momenta'), ('Adam/v', 'velocities'))
+  TPU_ONLY_SLOTS = True
+  FEATURE_COLUMNS = True
+  MID_LEVEL = Twin('Adam', 'epsilon', 'lazy_adam', 'sum_inside_sqrt',
+                   beta1='beta_1', beta2='beta_2')
+  KERAS_RS = Twin('Adam', 'epsilon', beta1='beta_1', beta2='beta_2', losses=(
+      ('lazy_adam', lambda value: not value,
+       'keras-rs builds the TPU\'s lazy Adam (only looked-up rows move); set '
+       'it True'),
+      ('sum_inside_sqrt', lambda value: not value,
+       'keras-rs builds the TPU\'s Adam with sum_inside_sqrt=True '
+       '(sqrt(v + epsilon**2)); set it True')))
+  RULE = Rule(rows=_adam_rows)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
                beta1: float = 0.9, beta2: float = 0.999,
@@ -390,16 +520,57 @@ class AdamParameters(_OptimizationParameters):
           'When disabling Lazy Adam, gradient accumulation must be used.')
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'momenta': 0.0, 'velocities': 0.0}
+  def updates_every_row(self) -> bool:
+    return not self.lazy_adam
 
-  def to_mid_level(
-      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
-    # epsilon is always passed: the mid-level default is 1e-07, the legacy 1e-08.
-    return tf.tpu.experimental.embedding.Adam(
-        beta_1=self.beta1, beta_2=self.beta2, epsilon=self.epsilon,
-        lazy_adam=self.lazy_adam, sum_inside_sqrt=self.sum_inside_sqrt,
-        **self._mid_level_common(learning_rate))
+
+def _ftrl_kernel(parameters, table, slots, ids, g, lr):
+  """TPU `beta` is TF's `l2 + β/(2η)`, with and without multiply_linear_by_lr.
+
+  The kernel's quadratic is `a'^p/η + 2 l2` (resp. `a'^p + 2 l2 η`), which is
+  the reference's `(a'^p + β)/η + 2λ2` (resp. `a'^p + β + 2λ2η`) for that l2.
+  """
+  l1, l2, beta, power = _hyper(parameters, 'l1_regularization_strength',
+                               'l2_regularization_strength', 'beta',
+                               'learning_rate_power')
+  if parameters.beta:
+    l2 = l2 + beta / (tf.constant(_F32(2.0)) * lr)
+  return tf.raw_ops.ResourceSparseApplyFtrlV2(
+      var=table, accum=slots['accumulators'], linear=slots['linears'], grad=g,
+      indices=ids, lr=lr, l1=l1, l2=l2, l2_shrinkage=_F32(0.0),
+      lr_power=power,
+      multiply_linear_by_lr=bool(parameters.multiply_linear_by_learning_rate))
+
+
+def _ftrl_rows(parameters, w, slots, g, lr):
+  """FTRL as the reference writes it, with the `|l| > λ1` guard before dividing."""
+  power, l1, l2, beta = _hyper(parameters, 'learning_rate_power',
+                               'l1_regularization_strength',
+                               'l2_regularization_strength', 'beta')
+  p, two = -power, tf.constant(_F32(2.0))
+  a, a_new = slots['accumulators'], slots['accumulators'] + g * g
+  power_delta = tf.pow(a_new, p) - tf.pow(a, p)
+  if parameters.multiply_linear_by_learning_rate:
+    linear = slots['linears'] + lr * g - power_delta * w
+    q = tf.pow(a_new, p) + beta + two * l2 * lr
+    threshold = l1 * lr
+  else:
+    linear = slots['linears'] + g - power_delta / lr * w
+    q = (tf.pow(a_new, p) + beta) / lr + two * l2
+    threshold = l1
+  w_new = tf.where(tf.abs(linear) > threshold,
+                   (tf.sign(linear) * threshold - linear) / q,
+                   tf.zeros_like(w))
+  return w_new, {'accumulators': a_new, 'linears': linear}
+
+
+def _ftrl_kernel_is_exact(parameters):
+  """False where the kernel's unguarded division can give NaN (or l2 < 0)."""
+  zero_accumulator = (parameters.initial_accumulator_value == 0 and
+                      parameters.l2_regularization_strength == 0 and
+                      parameters.beta == 0 and
+                      parameters.learning_rate_power != 0)
+  return parameters.beta >= 0 and not zero_accumulator
 
 
 class FtrlParameters(_OptimizationParameters):
@@ -431,7 +602,34 @@ class FtrlParameters(_OptimizationParameters):
     ValueError: `learning_rate_power` > 0, `initial_accumulator_value` < 0, or
       a regularization strength < 0; see also `tpu_fc.optimizers`.
   """
+  learning_rate_power: float
+  initial_accumulator_value: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
+  multiply_linear_by_learning_rate: bool
+  beta: float
+  allow_zero_accumulator: bool
+  initial_linear_value: float
   SLOTS = (('Ftrl', 'accumulators'), ('Ftrl_1', 'linears'))
+  SLOT_INITIAL_FIELDS = {'accumulators': 'initial_accumulator_value',
+                         'linears': 'initial_linear_value'}
+  FEATURE_COLUMNS = True
+  MID_LEVEL = Twin('FTRL', 'learning_rate_power', 'initial_accumulator_value',
+                   'l1_regularization_strength', 'l2_regularization_strength',
+                   'multiply_linear_by_learning_rate', 'beta',
+                   'allow_zero_accumulator')
+  KERAS_RS = Twin(
+      'Ftrl', 'learning_rate_power', 'initial_accumulator_value',
+      'l1_regularization_strength', 'l2_regularization_strength', 'beta',
+      losses=(('multiply_linear_by_learning_rate', bool,
+               'keras-rs builds the TPU\'s FTRL without it; set it False'),
+              ('allow_zero_accumulator', bool,
+               'keras-rs builds the TPU\'s FTRL without it; set it False'),
+              ('initial_accumulator_value', lambda value: value <= 0,
+               'the TPU\'s FTRL needs accumulators > 0; start them at a small '
+               'positive value, e.g. 1e-6')))
+  RULE = Rule(_ftrl_kernel, _ftrl_rows, _ftrl_kernel_is_exact,
+              kernel_needs_positive_lr=True)
   _DERIVED_FIELDS = ('initial_linear_value',)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
@@ -459,10 +657,6 @@ class FtrlParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals(), initial_linear_value=0.0)
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'accumulators': self.initial_accumulator_value,
-            'linears': self.initial_linear_value}
-
   def to_mid_level(
       self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
     if self.initial_accumulator_value <= 0:
@@ -471,15 +665,50 @@ class FtrlParameters(_OptimizationParameters):
           'tf.tpu.experimental.embedding.FTRL requires initial_accumulator_value '
           '> 0. Use a small positive value (e.g. 1e-6) to migrate.'.format(
               self.initial_accumulator_value))
-    return tf.tpu.experimental.embedding.FTRL(
-        learning_rate_power=self.learning_rate_power,
-        l1_regularization_strength=self.l1_regularization_strength,
-        l2_regularization_strength=self.l2_regularization_strength,
-        beta=self.beta,
-        initial_accumulator_value=self.initial_accumulator_value,
-        multiply_linear_by_learning_rate=self.multiply_linear_by_learning_rate,
-        allow_zero_accumulator=self.allow_zero_accumulator,
-        **self._mid_level_common(learning_rate))
+    return super().to_mid_level(learning_rate)
+
+
+def _sgd_kernel(parameters, table, slots, ids, g, lr):
+  """`w -= η g`: a scatter-sub of `η g` is exactly that."""
+  del parameters, slots
+  return tf.raw_ops.ResourceScatterSub(resource=table, indices=ids,
+                                       updates=lr * g)
+
+
+class StochasticGradientDescentParameters(_OptimizationParameters):
+  """Plain SGD: `w -= lr * g`.  No slots.
+
+  Args:
+    learning_rate: the tables' learning rate.
+    use_gradient_accumulation, clip_weight_min, clip_weight_max,
+      weight_decay_factor, multiply_weight_decay_factor_by_learning_rate,
+      clip_gradient_min, clip_gradient_max: as for every optimizer
+      (`tpu_fc.optimizers`).
+
+  Raises:
+    ValueError: see `tpu_fc.optimizers` (gradient clipping).
+  """
+  FEATURE_COLUMNS = True
+  MID_LEVEL = KERAS_RS = Twin('SGD')
+  RULE = Rule(_sgd_kernel)
+
+  def __init__(self, learning_rate: float | Callable[[], Any],
+               use_gradient_accumulation: bool = True,
+               clip_weight_min: float | None = None,
+               clip_weight_max: float | None = None,
+               weight_decay_factor: float | None = None,
+               multiply_weight_decay_factor_by_learning_rate: bool | None = None,
+               clip_gradient_min: float | None = None,
+               clip_gradient_max: float | None = None):
+    super().__init__(**_common(locals()))
+    self._keep(locals())
+
+
+def _momentum_kernel(parameters, table, slots, ids, g, lr):
+  (momentum,) = _hyper(parameters, 'momentum')
+  return tf.raw_ops.ResourceSparseApplyMomentum(
+      var=table, accum=slots['momenta'], lr=lr, grad=g, indices=ids,
+      momentum=momentum, use_nesterov=bool(parameters.use_nesterov))
 
 
 class MomentumParameters(_OptimizationParameters):
@@ -501,7 +730,11 @@ class MomentumParameters(_OptimizationParameters):
   Raises:
     ValueError: see `tpu_fc.optimizers` (gradient clipping).
   """
+  momentum: float
+  use_nesterov: bool
   SLOTS = (('Momentum', 'momenta'),)
+  FEATURE_COLUMNS = True
+  RULE = Rule(_momentum_kernel)
   _NO_MID_LEVEL_TWIN = (
       'MomentumParameters has no twin in tf.tpu.experimental.embedding. The '
       'closest mid-level optimizers are tf.tpu.experimental.embedding.SGD (no '
@@ -521,8 +754,12 @@ class MomentumParameters(_OptimizationParameters):
     super().__init__(**_common(locals()))
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'momenta': 0.0}
+
+def _rms_prop_kernel(parameters, table, slots, ids, g, lr):
+  rho, momentum, epsilon = _hyper(parameters, 'rho', 'momentum', 'epsilon')
+  return tf.raw_ops.ResourceSparseApplyRMSProp(
+      var=table, ms=slots['ms'], mom=slots['mom'], lr=lr, rho=rho,
+      momentum=momentum, epsilon=epsilon, grad=g, indices=ids)
 
 
 class RMSPropParameters(_OptimizationParameters):
@@ -547,7 +784,13 @@ class RMSPropParameters(_OptimizationParameters):
   Raises:
     ValueError: see `tpu_fc.optimizers` (gradient clipping).
   """
+  rho: float
+  momentum: float
+  epsilon: float
   SLOTS = (('RMSProp/ms', 'ms'), ('RMSProp/mom', 'mom'))
+  TPU_ONLY_SLOTS = True
+  FEATURE_COLUMNS = True
+  RULE = Rule(_rms_prop_kernel)
   _NO_MID_LEVEL_TWIN = (
       'RMSPropParameters has no twin in tf.tpu.experimental.embedding. The '
       'closest mid-level optimizer is tf.tpu.experimental.embedding.Adam: with '
@@ -567,8 +810,20 @@ class RMSPropParameters(_OptimizationParameters):
     super().__init__(**_common(locals()))
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'ms': 0.0, 'mom': 0.0}
+
+def _adagrad_momentum_rows(parameters, w, slots, g, lr):
+  """AdagradMomentum as the reference writes it (no TF kernel has its rule)."""
+  momentum, exponent, beta2, epsilon = _hyper(parameters, 'momentum',
+                                              'exponent', 'beta2', 'epsilon')
+  one = tf.constant(_F32(1.0))
+  if parameters.beta2 == 1:
+    a = slots['accumulators'] + g * g
+  else:
+    a = beta2 * slots['accumulators'] + (one - beta2) * g * g
+  scaled = g * tf.pow(a + epsilon, -(one / exponent))
+  m = momentum * slots['momenta'] + scaled
+  step = momentum * m + scaled if parameters.use_nesterov else m
+  return w - lr * step, {'accumulators': a, 'momenta': m}
 
 
 class AdagradMomentumParameters(_OptimizationParameters):
@@ -597,8 +852,17 @@ class AdagradMomentumParameters(_OptimizationParameters):
     ValueError: `epsilon` <= 0 or `exponent` <= 0; see also
       `tpu_fc.optimizers`.
   """
+  momentum: float
+  use_nesterov: bool
+  exponent: float
+  beta2: float
+  epsilon: float
   SLOTS = (('AdagradMomentum/Accumulator', 'accumulators'),
            ('AdagradMomentum/Momentum', 'momenta'))
+  TPU_ONLY_SLOTS = True
+  MID_LEVEL = Twin('AdagradMomentum', 'momentum', 'use_nesterov', 'exponent',
+                   'beta2', 'epsilon')
+  RULE = Rule(rows=_adagrad_momentum_rows)
 
   def __init__(self, learning_rate: float | Callable[[], Any], momentum: float,
                use_nesterov: bool = False, exponent: float = 2,
@@ -617,15 +881,22 @@ class AdagradMomentumParameters(_OptimizationParameters):
       raise ValueError('Adagrad momentum: Precondition exponent must >0')
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'accumulators': 0.0, 'momenta': 0.0}
 
-  def to_mid_level(
-      self, learning_rate: float | Callable[[], Any] | None = None) -> Any:
-    return tf.tpu.experimental.embedding.AdagradMomentum(
-        momentum=self.momentum, use_nesterov=self.use_nesterov,
-        exponent=self.exponent, beta2=self.beta2, epsilon=self.epsilon,
-        **self._mid_level_common(learning_rate))
+def _proximal_yogi_rows(parameters, w, slots, g, lr):
+  """ProximalYogi as the reference writes it (TF has no Yogi kernel)."""
+  beta1, beta2, epsilon, l1, l2 = _hyper(
+      parameters, 'beta1', 'beta2', 'epsilon', 'l1_regularization_strength',
+      'l2_regularization_strength')
+  one = tf.constant(_F32(1.0))
+  m = beta1 * slots['momenta'] + (one - beta1) * g
+  g2 = g * g
+  v = slots['velocities'] + (one - beta2) * tf.sign(
+      g2 - slots['velocities']) * g2
+  lr_t = lr / (tf.sqrt(v) + epsilon)
+  u = w - lr_t * m
+  shrunk = tf.sign(u) * tf.maximum(tf.abs(u) - lr_t * l1,
+                                   tf.constant(_F32(0.0)))
+  return shrunk / (one + lr_t * l2), {'velocities': v, 'momenta': m}
 
 
 class ProximalYogiParameters(_OptimizationParameters):
@@ -653,7 +924,16 @@ class ProximalYogiParameters(_OptimizationParameters):
     ValueError: `beta1` or `beta2` outside [0, 1), `epsilon` <= 0, or a
       regularization strength < 0; see also `tpu_fc.optimizers`.
   """
+  beta1: float
+  beta2: float
+  epsilon: float
+  l1_regularization_strength: float
+  l2_regularization_strength: float
+  initial_accumulator_value: float
   SLOTS = (('ProximalYogi', 'velocities'), ('ProximalYogi_1', 'momenta'))
+  SLOT_INITIAL_FIELDS = {'velocities': 'initial_accumulator_value'}
+  TPU_ONLY_SLOTS = True
+  RULE = Rule(rows=_proximal_yogi_rows)
   _NO_MID_LEVEL_TWIN = (
       'ProximalYogiParameters has no twin in tf.tpu.experimental.embedding. '
       'The closest mid-level optimizer is tf.tpu.experimental.embedding.Adam '
@@ -683,8 +963,17 @@ class ProximalYogiParameters(_OptimizationParameters):
     _check_non_negative('l2_regularization_strength', l2_regularization_strength)
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'velocities': self.initial_accumulator_value, 'momenta': 0.0}
+
+def _frequency_estimator_rows(parameters, w, slots, g, lr):
+  """FrequencyEstimator as the reference writes it; `lr` is the global step."""
+  del g
+  tau, max_delta, threshold = _hyper(parameters, 'tau', 'max_delta',
+                                     'outlier_threshold')
+  delta = lr - slots['last_hit_step']
+  clipped = tf.minimum(delta, max_delta)
+  estimate = tf.where(delta >= threshold * w, clipped,
+                      w * (tf.constant(_F32(1.0)) - tau) + clipped * tau)
+  return estimate, {'last_hit_step': tf.fill(tf.shape(w), lr)}
 
 
 class FrequencyEstimatorParameters(_OptimizationParameters):
@@ -709,7 +998,13 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
     weight_exponent: kept for TF's signature; the emulated update does not
       read it (what the device does with it is not pinned by a source).
   """
+  tau: float
+  max_delta: float
+  outlier_threshold: float
+  weight_exponent: float
   SLOTS = (('FrequencyEstimator', 'last_hit_step'),)
+  TPU_ONLY_SLOTS = True
+  RULE = Rule(rows=_frequency_estimator_rows)
   _DERIVED_FIELDS = _COMMON_FIELDS
   _NO_MID_LEVEL_TWIN = (
       'FrequencyEstimatorParameters has no twin in tf.tpu.experimental.embedding: '
@@ -729,36 +1024,43 @@ class FrequencyEstimatorParameters(_OptimizationParameters):
         multiply_weight_decay_factor_by_learning_rate=None)
     self._keep(locals())
 
-  def slot_initial_values(self) -> dict[str, float]:
-    return {'last_hit_step': 0.0}
+  def check_table(self, name: str, dimension: int) -> None:
+    if dimension != 1:
+      raise ValueError(
+          'FrequencyEstimator tables should only have a dimension of 1. '
+          'Received dimension {} (table {!r}): its one number per id is the '
+          'estimate; make the table dimension=1.'.format(dimension, name))
 
 
-# What TF 2.15's EmbeddingConfigSpec takes with feature columns (its
-# `_SUPPORTED_OPTIMIZERS`, in its order: its error text lists them).
-SUPPORTED_OPTIMIZERS = (
-    ProximalAdagradParameters,
-    AdagradParameters,
-    AdamParameters,
-    FtrlParameters,
-    StochasticGradientDescentParameters,
-    MomentumParameters,
-    RMSPropParameters,
-)
-# Every legacy optimizer: with dict configs the spec takes these too.
-ALL_OPTIMIZERS = SUPPORTED_OPTIMIZERS + (
-    AdagradMomentumParameters, ProximalYogiParameters,
-    FrequencyEstimatorParameters)
+# Their order is TF 2.15's `_SUPPORTED_OPTIMIZERS` (its error text lists them), then
+# the dict-only ones.
+ALL_OPTIMIZERS = tuple(_CLASSES)
+# What TF 2.15's EmbeddingConfigSpec takes with feature columns.
+SUPPORTED_OPTIMIZERS = tuple(cls for cls in ALL_OPTIMIZERS if cls.FEATURE_COLUMNS)
 _BY_NAME = {cls.__name__: cls for cls in ALL_OPTIMIZERS}
 
 
-def as_tpu_fc_parameters(parameters):
+def optimizer_classes() -> tuple[type[_OptimizationParameters], ...]:
+  """Every `*Parameters` class defined so far: `ALL_OPTIMIZERS`, then any
+  subclass defined since (a user's own optimizer)."""
+  return tuple(_CLASSES)
+
+
+def twin_names(classes: Iterable[type[_OptimizationParameters]]) -> list[str]:
+  """The names of the mid-level twins of `classes`, as messages list them:
+  SGD (no slots) first, then by name."""
+  return list(dict.fromkeys(name for _, name in sorted(
+      (bool(cls.SLOTS), cls.MID_LEVEL.name) for cls in classes if cls.MID_LEVEL)))
+
+
+def as_tpu_fc_parameters(parameters: Any) -> Any:
   """tpu_fc's parameters for TF 2.15's own `*Parameters` object (or `parameters`).
 
   Scripts on TF 2.15 may still build `tf.compat.v1.tpu.experimental.AdagradParameters`;
   they are converted field by field so one engine serves both.  Anything else is
   returned unchanged for the caller to reject.
   """
-  if isinstance(parameters, ALL_OPTIMIZERS):
+  if isinstance(parameters, _OptimizationParameters):
     return parameters
   cls = _BY_NAME.get(type(parameters).__name__)
   if cls is None or not type(parameters).__module__.startswith('tensorflow'):
@@ -768,65 +1070,25 @@ def as_tpu_fc_parameters(parameters):
   return cls(**fields)
 
 
-def by_class(registry, parameters, what):
-  """`registry[the class of parameters]` (tpu_fc's; convert TF 2.15's with
-  `as_tpu_fc_parameters` first), a subclass finding its base's entry.
-
-  The engine's update rules are such a registry; `tpu_fc.reference` keeps its
-  own table by name, as an oracle that imports nothing of tpu_fc.
-  """
-  for cls in type(parameters).__mro__:
-    if cls in registry:
-      return registry[cls]
-  raise NotImplementedError(
-      'tpu_fc has no {} for optimizer parameters {}; supported: {}.'.format(
-          what, type(parameters).__name__,
-          ', '.join(sorted(cls.__name__ for cls in registry))))
-
-
-def from_mid_level(optimizer):
+def from_mid_level(optimizer: Any) -> _OptimizationParameters:
   """tpu_fc's legacy parameters for a `tf.tpu.experimental.embedding` optimizer.
 
   Lets the host engine run migrated tables (whose configs carry mid-level
-  optimizers) with the same update rules.
+  optimizers) with the same update rules: the first class whose `MID_LEVEL`
+  twin is the optimizer's class (or its nearest base).
   """
-  common = dict(
-      learning_rate=optimizer.learning_rate,
-      use_gradient_accumulation=optimizer.use_gradient_accumulation,
-      clip_weight_min=optimizer.clip_weight_min,
-      clip_weight_max=optimizer.clip_weight_max,
-      weight_decay_factor=optimizer.weight_decay_factor,
-      multiply_weight_decay_factor_by_learning_rate=(
-          optimizer.multiply_weight_decay_factor_by_learning_rate),
-      clip_gradient_min=optimizer.clip_gradient_min,
-      clip_gradient_max=optimizer.clip_gradient_max)
-  embedding = tf.tpu.experimental.embedding
-  if isinstance(optimizer, embedding.Adagrad):
-    return AdagradParameters(
-        initial_accumulator=optimizer.initial_accumulator_value, **common)
-  if isinstance(optimizer, embedding.AdagradMomentum):
-    return AdagradMomentumParameters(
-        momentum=optimizer.momentum, use_nesterov=optimizer.use_nesterov,
-        exponent=optimizer.exponent, beta2=optimizer.beta2,
-        epsilon=optimizer.epsilon, **common)
-  if isinstance(optimizer, embedding.Adam):
-    return AdamParameters(
-        beta1=optimizer.beta_1, beta2=optimizer.beta_2,
-        epsilon=optimizer.epsilon, lazy_adam=optimizer.lazy_adam,
-        sum_inside_sqrt=optimizer.sum_inside_sqrt, **common)
-  if isinstance(optimizer, embedding.FTRL):
-    return FtrlParameters(
-        learning_rate_power=optimizer.learning_rate_power,
-        initial_accumulator_value=optimizer.initial_accumulator_value,
-        l1_regularization_strength=optimizer.l1_regularization_strength,
-        l2_regularization_strength=optimizer.l2_regularization_strength,
-        multiply_linear_by_learning_rate=(
-            optimizer.multiply_linear_by_learning_rate),
-        beta=optimizer.beta,
-        allow_zero_accumulator=optimizer.allow_zero_accumulator, **common)
-  if isinstance(optimizer, embedding.SGD):
-    return StochasticGradientDescentParameters(**common)
-  raise NotImplementedError(
-      'tpu_fc cannot train tables with the mid-level optimizer {}; supported: '
-      'SGD, Adagrad, AdagradMomentum, Adam, FTRL.'.format(
-          type(optimizer).__name__))
+  twins = {}
+  for cls in _CLASSES:
+    if cls.MID_LEVEL is not None:
+      twins.setdefault(
+          getattr(tf.tpu.experimental.embedding, cls.MID_LEVEL.name), cls)
+  classes = [twins[base] for base in type(optimizer).__mro__ if base in twins]
+  if not classes:
+    raise NotImplementedError(
+        'tpu_fc cannot train tables with the mid-level optimizer {}; supported: '
+        '{}.'.format(type(optimizer).__name__,
+                     ', '.join(twin_names(twins.values()))))
+  cls = classes[0]
+  return cls(**{name: getattr(optimizer, name) for name in _COMMON_FIELDS},
+             **{field: getattr(optimizer, argument)
+                for field, argument in cls.MID_LEVEL.fields.items()})

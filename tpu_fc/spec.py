@@ -317,20 +317,6 @@ def _check_dicts_as_a_tpu_does(feature_to_config_dict, table_to_config_dict,
     raise ValueError('`optimization_parameters` is missing.')
 
 
-def _check_frequency_estimator_tables(layout, default_parameters):
-  """TF 2.15's check where its engine creates a FrequencyEstimator table
-  (`_FrequencyEstimatorHandler.create_variables_and_ops`), naming the table."""
-  for table in layout.tables:
-    if (isinstance(table.optimizer or default_parameters,
-                   optimizers.FrequencyEstimatorParameters) and
-        table.dimension != 1):
-      raise ValueError(
-          'FrequencyEstimator tables should only have a dimension of 1. '
-          'Received dimension {} (table {!r}): its one number per id is the '
-          'estimate; make the table dimension=1.'.format(table.dimension,
-                                                         table.name))
-
-
 def _layout_from_dicts(feature_to_config_dict, table_to_config_dict):
   tables = {name: _table_spec_from_config(name, config)
             for name, config in table_to_config_dict.items()}
@@ -373,12 +359,13 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
   Args:
     feature_columns: the `embedding_column` / `shared_embedding_columns`
       columns the model_fn uses (or give both dicts below instead).
-    optimization_parameters: the tables' optimizer: one of the seven
-      `*Parameters` of `tpu_fc.optimizers.SUPPORTED_OPTIMIZERS` (tpu_fc's or
-      TF 2.15's), or a mid-level optimizer (SGD, Adagrad, Adam, FTRL,
-      AdagradMomentum), converted to tpu_fc's `*Parameters`; with the dicts,
-      as in TF 2.15, also AdagradMomentum, ProximalYogi or FrequencyEstimator
-      parameters, and None when every table has its own.
+    optimization_parameters: the tables' optimizer: `*Parameters` (tpu_fc's
+      or TF 2.15's) whose class takes feature columns (TF 2.15's seven,
+      `tpu_fc.optimizers.SUPPORTED_OPTIMIZERS`), or a mid-level optimizer
+      with a twin there (SGD, Adagrad, Adam, FTRL, AdagradMomentum),
+      converted to tpu_fc's `*Parameters`; with the dicts, as in TF 2.15,
+      any `*Parameters` (also AdagradMomentum, ProximalYogi,
+      FrequencyEstimator), and None when every table has its own.
     clipping_limit: accepted and ignored, as in TF 2.15.
     pipeline_execution_with_tensor_core: True: each step's lookup runs before
       the previous step's table update lands, as on a TPU that overlaps them
@@ -456,7 +443,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
               'All feature columns must be supported types in {}. Got {}'
               .format(_SUPPORTED_FEATURE_COLUMNS, type(column)))
       tensor_core_feature_columns, feature_columns = split[True], split[False]
-      if not isinstance(optimization_parameters, optimizers.SUPPORTED_OPTIMIZERS):
+      if not (isinstance(optimization_parameters,
+                         optimizers._OptimizationParameters) and  # pylint: disable=protected-access
+              optimization_parameters.FEATURE_COLUMNS):
         raise ValueError('optimization_parameters must be an instance of type '
                          '{}. Got {}.'.format(optimizers.SUPPORTED_OPTIMIZERS,
                                               type(given_optimizer)))
@@ -500,7 +489,9 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
                                self.optimization_parameters)
     layout = _layout_from_dicts(self.feature_to_config_dict,
                                 self.table_to_config_dict)
-    _check_frequency_estimator_tables(layout, self.optimization_parameters)
+    for table in layout.tables:  # (checked where TF 2.15's engine creates it)
+      (table.optimizer or self.optimization_parameters).check_table(
+          table.name, table.dimension)
     return layout
 
   def tensor_core_layout(self) -> EmbeddingLayout:
@@ -821,10 +812,11 @@ def _mid_level_features(layout, tables):
 
 # keras-rs (`EmbeddingConfigSpec.to_keras_rs`) ------------------------------------
 
-# What keras-rs cannot carry of the legacy optimizers: (field, whether a value
-# is lost, why and what to do).  keras-rs builds a table's TPU optimizer from a
-# Keras optimizer's learning rate, `weight_decay`, `clipvalue` and the fields
-# its `config_conversion` maps; the TPU optimizer's defaults fill the rest.
+# What keras-rs cannot carry of any legacy optimizer (each class's `KERAS_RS`
+# twin adds its own): (field, whether a value is lost, why and what to do).
+# keras-rs builds a table's TPU optimizer from a Keras optimizer's learning
+# rate, `weight_decay`, `clipvalue` and the fields its `config_conversion`
+# maps; the TPU optimizer's defaults fill the rest.
 _KERAS_RS_LOSSES = (
     ('use_gradient_accumulation', lambda value: not value,
      'keras-rs always sums a step\'s gradients of a row, from every core, into '
@@ -839,26 +831,6 @@ _KERAS_RS_LOSSES = (
      'never multiplied by the learning rate; multiply the factor by a '
      'constant learning rate yourself, or drop it'),
 )
-_KERAS_RS_OPTIMIZER_LOSSES = {
-    optimizers.AdamParameters: (
-        ('lazy_adam', lambda value: not value,
-         'keras-rs builds the TPU\'s lazy Adam (only looked-up rows move); '
-         'set it True'),
-        ('sum_inside_sqrt', lambda value: not value,
-         'keras-rs builds the TPU\'s Adam with sum_inside_sqrt=True '
-         '(sqrt(v + epsilon**2)); set it True')),
-    optimizers.FtrlParameters: (
-        ('multiply_linear_by_learning_rate', bool,
-         'keras-rs builds the TPU\'s FTRL without it; set it False'),
-        ('allow_zero_accumulator', bool,
-         'keras-rs builds the TPU\'s FTRL without it; set it False'),
-        ('initial_accumulator_value', lambda value: value <= 0,
-         'the TPU\'s FTRL needs accumulators > 0; start them at a small '
-         'positive value, e.g. 1e-6')),
-}
-_KERAS_RS_OPTIMIZERS = (optimizers.StochasticGradientDescentParameters,
-                        optimizers.AdagradParameters, optimizers.AdamParameters,
-                        optimizers.FtrlParameters)
 
 
 def _keras_rs_refusal(what, field, value, why):
@@ -890,18 +862,20 @@ def _check_keras_rs_carries_the_spec(spec):
 
 def _keras_optimizer(table, parameters, learning_rate):
   """The Keras 3 optimizer keras-rs converts to the TPU optimizer of
-  `parameters` (tpu_fc's) with `learning_rate`; refused (naming `table` and
-  the field) where keras-rs cannot carry it."""
+  `parameters` (tpu_fc's, its class's `KERAS_RS` twin) with `learning_rate`;
+  refused (naming `table` and the field) where keras-rs cannot carry it."""
   import keras  # pylint: disable=g-import-not-at-top  (Keras 3: only here)
   what = 'Table ' + table
-  if not isinstance(parameters, _KERAS_RS_OPTIMIZERS):
+  twin = parameters.KERAS_RS
+  if twin is None:
+    names = optimizers.twin_names(cls for cls in optimizers.optimizer_classes()
+                                  if cls.KERAS_RS)
     raise _keras_rs_refusal(
         what, 'optimization_parameters', parameters,
-        'keras-rs trains tables with SGD, Adagrad, Adam and FTRL only (as Keras '
-        'optimizers); choose one of those, or keep the table on '
-        'tpu_fc.TPUEstimator or tpu_fc.mid_level')
-  for field, lost, why in _KERAS_RS_LOSSES + _KERAS_RS_OPTIMIZER_LOSSES.get(
-      type(parameters), ()):
+        'keras-rs trains tables with {} and {} only (as Keras optimizers); '
+        'choose one of those, or keep the table on tpu_fc.TPUEstimator or '
+        'tpu_fc.mid_level'.format(', '.join(names[:-1]), names[-1]))
+  for field, lost, why in _KERAS_RS_LOSSES + twin.losses:
     if lost(getattr(parameters, field)):
       raise _keras_rs_refusal(what, field, getattr(parameters, field), why)
   low, high = parameters.clip_gradient_min, parameters.clip_gradient_max
@@ -910,25 +884,11 @@ def _keras_optimizer(table, parameters, learning_rate):
         what, 'clip_gradient_min, clip_gradient_max', (low, high),
         'keras-rs passes a Keras clipvalue c as the TPU\'s gradient clipping '
         'to [-c, c]; make the bounds symmetric')
-  common = dict(
+  return getattr(keras.optimizers, twin.name)(
       learning_rate=(learning_rate if callable(learning_rate)
                      else float(learning_rate)),  # (Keras takes no int)
-      weight_decay=parameters.weight_decay_factor, clipvalue=high)
-  if isinstance(parameters, optimizers.AdagradParameters):
-    return keras.optimizers.Adagrad(
-        initial_accumulator_value=parameters.initial_accumulator, **common)
-  if isinstance(parameters, optimizers.AdamParameters):
-    return keras.optimizers.Adam(beta_1=parameters.beta1,
-                                 beta_2=parameters.beta2,
-                                 epsilon=parameters.epsilon, **common)
-  if isinstance(parameters, optimizers.FtrlParameters):
-    return keras.optimizers.Ftrl(
-        learning_rate_power=parameters.learning_rate_power,
-        initial_accumulator_value=parameters.initial_accumulator_value,
-        l1_regularization_strength=parameters.l1_regularization_strength,
-        l2_regularization_strength=parameters.l2_regularization_strength,
-        beta=parameters.beta, **common)
-  return keras.optimizers.SGD(**common)
+      weight_decay=parameters.weight_decay_factor, clipvalue=high,
+      **twin.arguments(parameters))
 
 
 def _keras_initializer(initializer):

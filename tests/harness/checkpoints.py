@@ -1,11 +1,13 @@
 """A legacy checkpoint's model: its spec (a plain, a weighted and a shared
 pair of embedding columns), model_fn, input_fn and training by tpu_fc's
-TPUEstimator; and a checkpoint's values by name."""
+TPUEstimator; a checkpoint's values by name, one converted back compared with
+its original, and a mid-level one read into TF's own `TPUEmbedding`."""
 import contextlib
 
 import numpy as np
 
 import tpu_fc
+from tpu_fc import naming
 from tpu_fc._tf import tf
 
 fc = tf.feature_column
@@ -89,3 +91,27 @@ def checkpoint_values(path):
   reader = tf.train.load_checkpoint(str(path))
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()}
+
+
+def assert_converted_back(path, legacy):
+  """The checkpoint at `path`, converted back to legacy, holds the `legacy`
+  checkpoint's values (its gradient-tie dummies aside) bit for bit."""
+  converted = checkpoint_values(path)
+  original = {name: value for name, value in legacy.items()
+              if not name.startswith(naming.DUMMY_VARIABLE_PREFIX)}
+  assert sorted(converted) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(converted[name], value, err_msg=name)
+
+
+def tpu_embedding_variables(spec, checkpoint):
+  """The variables, {table: {'parameters' or slot: variable}}, of TF's own
+  `TPUEmbedding` of `spec.to_mid_level()` read from the mid-level
+  `checkpoint` (every object in it matched) and built."""
+  config = spec.to_mid_level()
+  embedding = tf.tpu.experimental.embedding.TPUEmbedding(
+      config.feature_config, config.optimizer)
+  status = tf.train.Checkpoint(embedding=embedding).read(checkpoint)
+  embedding.build()
+  status.assert_existing_objects_matched()
+  return embedding._variables  # pylint: disable=protected-access

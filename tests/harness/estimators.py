@@ -6,7 +6,6 @@ by the model's (cpu, tensor_core); on the legacy lane TF 2.15's own
 TPUEstimator(use_tpu=False) of the same model (`tf_contract_estimator`).
 """
 import tpu_fc
-from tpu_fc import optimizers
 from tpu_fc._tf import tf
 
 from harness import hooks
@@ -39,11 +38,10 @@ EMBEDDING_OPTIMIZERS = {
         _LR, momentum=0.9, use_nesterov=True, exponent=3.0, beta2=0.9,
         epsilon=0.1),
 }
-# Those TF 2.15's spec takes with feature columns (`contract_estimator` makes
-# such a spec); its engine takes the others from dict configs only.
-COLUMN_OPTIMIZERS = tuple(
-    name for name, params in EMBEDDING_OPTIMIZERS.items()
-    if isinstance(params, optimizers.SUPPORTED_OPTIMIZERS))
+# Those the spec takes with feature columns (`contract_estimator` makes such a
+# spec); the engine takes the others from dict configs only.
+COLUMN_OPTIMIZERS = tuple(name for name, params in EMBEDDING_OPTIMIZERS.items()
+                          if params.FEATURE_COLUMNS)
 # TF1 optimizer -> the reference rule its sparse update is.
 MODEL_OPTIMIZERS = {
     'sgd': (lambda: tf.compat.v1.train.GradientDescentOptimizer(_LR),
@@ -88,7 +86,8 @@ def tf_contract_estimator(model_dir, optimizer_name):
 def in_dicts(path, optimizer_name):
   """Whether `contract_estimator` declares the table in dict configs: the
   embedding core's table of an optimizer the column spec refuses."""
-  return path == 'embedding_core' and optimizer_name not in COLUMN_OPTIMIZERS
+  return (path == 'embedding_core' and
+          not EMBEDDING_OPTIMIZERS[optimizer_name].FEATURE_COLUMNS)
 
 
 def table_variable(path, optimizer_name):
@@ -99,10 +98,13 @@ def table_variable(path, optimizer_name):
 
 def contract_estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
                        pipelined=False, squared=False,
-                       profile_data_directory=None, cross_shard_optimizer=None):
+                       profile_data_directory=None, cross_shard_optimizer=None,
+                       spec_optimizer=None):
   """The estimator of `path`, its table trained by `optimizer_name`'s rule
   (`pipelined`, `profile_data_directory`: the spec's options;
-  `cross_shard_optimizer`: `models.contract_model_fn`'s)."""
+  `cross_shard_optimizer`: `models.contract_model_fn`'s; `spec_optimizer`:
+  the spec's on cpu and tensor_core, which the model's optimizer trains
+  aside of it, by default none on cpu and 'sgd' on tensor_core)."""
   col = models.contract_column(path)
   model_optimizer = MODEL_OPTIMIZERS.get(
       optimizer_name, MODEL_OPTIMIZERS['sgd'])[0]
@@ -118,10 +120,11 @@ def contract_estimator(model_dir, path, optimizer_name, num_shards=NUM_SHARDS,
             initializer=tf.compat.v1.constant_initializer(models.START))},
         optimization_parameters=EMBEDDING_OPTIMIZERS[optimizer_name],
         **options)
-  elif path != 'cpu':
+  elif path != 'cpu' or spec_optimizer:
     spec = tpu_fc.EmbeddingConfigSpec(
         feature_columns=[col], optimization_parameters=EMBEDDING_OPTIMIZERS[
-            optimizer_name if path == 'embedding_core' else 'sgd'],
+            optimizer_name if path == 'embedding_core'
+            else spec_optimizer or 'sgd'],
         **options)
   return tpu_fc.TPUEstimator(
       model_fn=models.contract_model_fn(

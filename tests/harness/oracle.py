@@ -377,6 +377,24 @@ def _edited(function, text, wrong_text):
   return namespace[function.__name__]
 
 
+def _set_rule(monkeypatch, name, slots, rule):
+  """Makes `rule` tpu_fc.reference's rule of the optimizer class `name`, with
+  `slots(params)` its ordered {slot: initial value}, while `monkeypatch`
+  lasts: the one place the oracle's table is changed."""
+  monkeypatch.setitem(reference._OPTIMIZERS, name,  # pylint: disable=protected-access
+                      reference._Optimizer(slots, rule))  # pylint: disable=protected-access
+
+
+def register_rule(monkeypatch, name, slots, rule, magnitudes):
+  """Teaches the oracle, for one test, the rule of an optimizer class tpu_fc
+  does not have (a test's own, named `name`): `slots(params)` gives its
+  ordered {mid-level slot: initial value}; `rule` is written as
+  tpu_fc.reference's rules, `magnitudes` as `_MAGNITUDES`' (its float32
+  bound).  tpu_fc never learns of it."""
+  _set_rule(monkeypatch, name, slots, rule)
+  monkeypatch.setitem(_MAGNITUDES, name, magnitudes)
+
+
 def surviving_wrong_rules(monkeypatch, params, compare):
   """Labels of the wrong rules for `params` that `compare()` accepts.
 
@@ -391,9 +409,8 @@ def surviving_wrong_rules(monkeypatch, params, compare):
                       name in _READS_NO_GRADIENT)]
   for label, text, wrong_text in any_rule + WRONG_RULES[name]:
     with monkeypatch.context() as patch:
-      patch.setitem(reference._OPTIMIZERS, name,  # pylint: disable=protected-access
-                    optimizer._replace(rule=_edited(optimizer.rule, text,
-                                                    wrong_text)))
+      _set_rule(patch, name, optimizer.slots,
+                _edited(optimizer.rule, text, wrong_text))
       try:
         compare()
       except AssertionError as error:

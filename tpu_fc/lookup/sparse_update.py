@@ -8,16 +8,18 @@ the host engine (TF1 graphs through `tf.compat.v1`, also eager and tf.function):
 3. decoupled weight decay from the pre-update rows, `w = rule(w) - wd·w_old`,
 4. weight clipping of the updated rows.
 
-Each stage is built only when configured.  Rules run on TF's sparse training
-kernels wherever their arithmetic is the reference's (fast, in place, exact up
-to float32 rounding); the rest (Adam, AdagradMomentum, ProximalYogi and
+Each stage is built only when configured.  The rule is the optimizer class's
+`RULE` (`tpu_fc.optimizers.Rule`, declared with the class); this module knows no
+optimizer.  Rules run on TF's sparse training kernels wherever their
+arithmetic is the reference's (fast, in place, exact up to float32 rounding);
+the rest (Adam, AdagradMomentum, ProximalYogi and
 FrequencyEstimator, which no TF kernel computes) gather the rows, apply the
 reference formulas and scatter the rows back.  Nothing reads a whole table (or
 slot) except non-lazy Adam, which by definition updates every row: once a
 resource variable has had a sparse access every dense read copies the whole
 buffer (PERFORMANCE_NOTES).
 
-Where a kernel departs from the reference it is not used:
+Where a kernel departs from the reference it is not used (the `Rule` says where):
 * `ResourceSparseApplyProximalAdagrad` rejects `lr <= 0` (InvalidArgument),
   `ResourceSparseApplyFtrlV2` too (`lr < 0` with multiply_linear_by_lr, whose
   `lr = 0` would turn the mapped `β/(2η)` into NaN), while the reference is
@@ -29,13 +31,11 @@ Where a kernel departs from the reference it is not used:
   needs `initial_accumulator_value=0`, `l2 = beta = 0` and `learning_rate_power
   < 0`, and such configurations always use the gathered formulas.
 """
-import collections
 import re
 
 import numpy as np
 
 from tpu_fc import _tf_internals as internals
-from tpu_fc import optimizers
 from tpu_fc._tf import tf
 
 _F32 = np.float32
@@ -99,8 +99,7 @@ def create_slot_variables(parameters, table_variable, name_prefix,
   table's device, since every update reads them alongside the table.  The slots
   of a partitioned table are partitioned alike, each part beside its table part.
   """
-  initial_values = optimizers.as_tpu_fc_parameters(
-      parameters).slot_initial_values()
+  initial_values = parameters.slot_initial_values()
   parts = table_parts(table_variable)
   partitioner = None
   if isinstance(table_variable, internals.PartitionedVariable):
@@ -118,209 +117,6 @@ def create_slot_variables(parameters, table_variable, name_prefix,
           trainable=False, use_resource=True, partitioner=partitioner,
           collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES])
   return slots
-
-
-def _hyper(parameters, *names):
-  """Named hyperparameters as float32 constants: float32 arithmetic, as the reference."""
-  return [tf.constant(_F32(getattr(parameters, name))) for name in names]
-
-
-# Kernel rules: (parameters, table handle, {slot: handle}, ids, g, lr) -> op,
-# updating the rows `ids` in place.
-
-
-def _sgd_kernel(parameters, table, slots, ids, g, lr):
-  """`w -= η g`: a scatter-sub of `η g` is exactly that."""
-  del parameters, slots
-  return tf.raw_ops.ResourceScatterSub(resource=table, indices=ids,
-                                       updates=lr * g)
-
-
-def _adagrad_kernel(parameters, table, slots, ids, g, lr):
-  """V2 with ε = 0 computes `η g / √a`, the reference's order (V1 uses rsqrt)."""
-  del parameters
-  return tf.raw_ops.ResourceSparseApplyAdagradV2(
-      var=table, accum=slots['accumulators'], lr=lr, epsilon=_F32(0.0),
-      grad=g, indices=ids)
-
-
-def _proximal_adagrad_kernel(parameters, table, slots, ids, g, lr):
-  l1, l2 = _hyper(parameters, 'l1_regularization_strength',
-                  'l2_regularization_strength')
-  return tf.raw_ops.ResourceSparseApplyProximalAdagrad(
-      var=table, accum=slots['accumulators'], lr=lr, l1=l1, l2=l2, grad=g,
-      indices=ids)
-
-
-def _ftrl_kernel(parameters, table, slots, ids, g, lr):
-  """TPU `beta` is TF's `l2 + β/(2η)`, with and without multiply_linear_by_lr.
-
-  The kernel's quadratic is `a'^p/η + 2 l2` (resp. `a'^p + 2 l2 η`), which is
-  the reference's `(a'^p + β)/η + 2λ2` (resp. `a'^p + β + 2λ2η`) for that l2.
-  """
-  l1, l2, beta, power = _hyper(parameters, 'l1_regularization_strength',
-                               'l2_regularization_strength', 'beta',
-                               'learning_rate_power')
-  if parameters.beta:
-    l2 = l2 + beta / (tf.constant(_F32(2.0)) * lr)
-  return tf.raw_ops.ResourceSparseApplyFtrlV2(
-      var=table, accum=slots['accumulators'], linear=slots['linears'], grad=g,
-      indices=ids, lr=lr, l1=l1, l2=l2, l2_shrinkage=_F32(0.0),
-      lr_power=power,
-      multiply_linear_by_lr=bool(parameters.multiply_linear_by_learning_rate))
-
-
-def _momentum_kernel(parameters, table, slots, ids, g, lr):
-  (momentum,) = _hyper(parameters, 'momentum')
-  return tf.raw_ops.ResourceSparseApplyMomentum(
-      var=table, accum=slots['momenta'], lr=lr, grad=g, indices=ids,
-      momentum=momentum, use_nesterov=bool(parameters.use_nesterov))
-
-
-def _rms_prop_kernel(parameters, table, slots, ids, g, lr):
-  rho, momentum, epsilon = _hyper(parameters, 'rho', 'momentum', 'epsilon')
-  return tf.raw_ops.ResourceSparseApplyRMSProp(
-      var=table, ms=slots['ms'], mom=slots['mom'], lr=lr, rho=rho,
-      momentum=momentum, epsilon=epsilon, grad=g, indices=ids)
-
-
-# Row rules: the reference's formulas on tensors of rows,
-# (parameters, w, {slot: rows}, g, lr) -> (new w, {slot: new rows}).
-
-
-def _adam_rows(parameters, w, slots, g, lr):
-  """Adam without bias correction (no TF kernel has both denominators)."""
-  b1, b2, eps = _hyper(parameters, 'beta1', 'beta2', 'epsilon')
-  one = tf.constant(_F32(1.0))
-  m = b1 * slots['momenta'] + (one - b1) * g
-  v = b2 * slots['velocities'] + (one - b2) * g * g
-  if parameters.sum_inside_sqrt:
-    denominator = tf.sqrt(v + eps * eps)
-  else:
-    denominator = tf.sqrt(v) + eps
-  return w - lr * m / denominator, {'momenta': m, 'velocities': v}
-
-
-def _ftrl_rows(parameters, w, slots, g, lr):
-  """FTRL as the reference writes it, with the `|l| > λ1` guard before dividing."""
-  power, l1, l2, beta = _hyper(parameters, 'learning_rate_power',
-                               'l1_regularization_strength',
-                               'l2_regularization_strength', 'beta')
-  p, two = -power, tf.constant(_F32(2.0))
-  a, a_new = slots['accumulators'], slots['accumulators'] + g * g
-  power_delta = tf.pow(a_new, p) - tf.pow(a, p)
-  if parameters.multiply_linear_by_learning_rate:
-    linear = slots['linears'] + lr * g - power_delta * w
-    q = tf.pow(a_new, p) + beta + two * l2 * lr
-    threshold = l1 * lr
-  else:
-    linear = slots['linears'] + g - power_delta / lr * w
-    q = (tf.pow(a_new, p) + beta) / lr + two * l2
-    threshold = l1
-  w_new = tf.where(tf.abs(linear) > threshold,
-                   (tf.sign(linear) * threshold - linear) / q,
-                   tf.zeros_like(w))
-  return w_new, {'accumulators': a_new, 'linears': linear}
-
-
-def _proximal_adagrad_rows(parameters, w, slots, g, lr):
-  """ProximalAdagrad for rates the kernel rejects (`lr <= 0`)."""
-  l1, l2 = _hyper(parameters, 'l1_regularization_strength',
-                  'l2_regularization_strength')
-  one = tf.constant(_F32(1.0))
-  a = slots['accumulators'] + g * g
-  lr_t = lr / tf.sqrt(a)
-  u = w - lr_t * g
-  shrunk = tf.sign(u) * tf.maximum(tf.abs(u) - lr_t * l1,
-                                   tf.constant(_F32(0.0)))
-  return shrunk / (one + lr_t * l2), {'accumulators': a}
-
-
-def _adagrad_momentum_rows(parameters, w, slots, g, lr):
-  """AdagradMomentum as the reference writes it (no TF kernel has its rule)."""
-  momentum, exponent, beta2, epsilon = _hyper(parameters, 'momentum',
-                                              'exponent', 'beta2', 'epsilon')
-  one = tf.constant(_F32(1.0))
-  if parameters.beta2 == 1:
-    a = slots['accumulators'] + g * g
-  else:
-    a = beta2 * slots['accumulators'] + (one - beta2) * g * g
-  scaled = g * tf.pow(a + epsilon, -(one / exponent))
-  m = momentum * slots['momenta'] + scaled
-  step = momentum * m + scaled if parameters.use_nesterov else m
-  return w - lr * step, {'accumulators': a, 'momenta': m}
-
-
-def _proximal_yogi_rows(parameters, w, slots, g, lr):
-  """ProximalYogi as the reference writes it (TF has no Yogi kernel)."""
-  beta1, beta2, epsilon, l1, l2 = _hyper(
-      parameters, 'beta1', 'beta2', 'epsilon', 'l1_regularization_strength',
-      'l2_regularization_strength')
-  one = tf.constant(_F32(1.0))
-  m = beta1 * slots['momenta'] + (one - beta1) * g
-  g2 = g * g
-  v = slots['velocities'] + (one - beta2) * tf.sign(
-      g2 - slots['velocities']) * g2
-  lr_t = lr / (tf.sqrt(v) + epsilon)
-  u = w - lr_t * m
-  shrunk = tf.sign(u) * tf.maximum(tf.abs(u) - lr_t * l1,
-                                   tf.constant(_F32(0.0)))
-  return shrunk / (one + lr_t * l2), {'velocities': v, 'momenta': m}
-
-
-def _frequency_estimator_rows(parameters, w, slots, g, lr):
-  """FrequencyEstimator as the reference writes it; `lr` is the global step."""
-  del g
-  tau, max_delta, threshold = _hyper(parameters, 'tau', 'max_delta',
-                                     'outlier_threshold')
-  delta = lr - slots['last_hit_step']
-  clipped = tf.minimum(delta, max_delta)
-  estimate = tf.where(delta >= threshold * w, clipped,
-                      w * (tf.constant(_F32(1.0)) - tau) + clipped * tau)
-  return estimate, {'last_hit_step': tf.fill(tf.shape(w), lr)}
-
-
-def _ftrl_kernel_is_exact(parameters):
-  """False where the kernel's unguarded division can give NaN (or l2 < 0)."""
-  zero_accumulator = (parameters.initial_accumulator_value == 0 and
-                      parameters.l2_regularization_strength == 0 and
-                      parameters.beta == 0 and
-                      parameters.learning_rate_power != 0)
-  return parameters.beta >= 0 and not zero_accumulator
-
-
-# kernel: in-place sparse kernel or None; rows: row rule or None;
-# kernel_is_exact(parameters): whether the kernel may be used at all;
-# kernel_needs_positive_lr: the kernel raises for lr <= 0.
-_Rule = collections.namedtuple(
-    '_Rule', ['kernel', 'rows', 'kernel_is_exact', 'kernel_needs_positive_lr'])
-
-
-def _always(parameters):
-  del parameters
-  return True
-
-
-_RULES = {
-    optimizers.StochasticGradientDescentParameters: _Rule(
-        _sgd_kernel, None, _always, False),
-    optimizers.AdagradParameters: _Rule(_adagrad_kernel, None, _always, False),
-    optimizers.AdamParameters: _Rule(None, _adam_rows, _always, False),
-    optimizers.FtrlParameters: _Rule(_ftrl_kernel, _ftrl_rows,
-                                     _ftrl_kernel_is_exact, True),
-    optimizers.ProximalAdagradParameters: _Rule(
-        _proximal_adagrad_kernel, _proximal_adagrad_rows, _always, True),
-    optimizers.MomentumParameters: _Rule(_momentum_kernel, None, _always,
-                                         False),
-    optimizers.RMSPropParameters: _Rule(_rms_prop_kernel, None, _always,
-                                        False),
-    optimizers.AdagradMomentumParameters: _Rule(None, _adagrad_momentum_rows,
-                                                _always, False),
-    optimizers.ProximalYogiParameters: _Rule(None, _proximal_yogi_rows,
-                                             _always, False),
-    optimizers.FrequencyEstimatorParameters: _Rule(
-        None, _frequency_estimator_rows, _always, False),
-}
 
 
 class _SparseRows:
@@ -431,8 +227,8 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
   """Builds one optimizer step of `tpu_fc.reference.apply_sparse_update`.
 
   Args:
-    parameters: legacy optimizer parameters (tpu_fc's or TF 2.15's classes;
-      recognised by class name, like the reference).
+    parameters: tpu_fc's legacy optimizer parameters (TF 2.15's converted
+      by `optimizers.as_tpu_fc_parameters`); its class's `RULE` applies.
     table_variable: `[vocabulary_size, dim]` float32 resource variable.
     slot_variables: `{slot name: variable}`, from `create_slot_variables`.
     unique_ids: 1-D int ids of the rows to update, without duplicates.
@@ -445,8 +241,12 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
   Returns:
     An op that applies the step (None in eager mode, where it has run).
   """
-  parameters = optimizers.as_tpu_fc_parameters(parameters)
-  rule = optimizers.by_class(_RULES, parameters, 'sparse update')
+  rule = getattr(parameters, 'RULE', None)
+  if rule is None:
+    raise NotImplementedError(
+        'tpu_fc has no sparse update for optimizer parameters {}; supported: '
+        'the *Parameters of tpu_fc.optimizers and their subclasses with a '
+        'RULE.'.format(type(parameters).__name__))
   expected = list(parameters.slot_initial_values())
   if sorted(slot_variables) != sorted(expected):
     raise ValueError('{} needs slot variables {}, got {}.'.format(
@@ -458,8 +258,7 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
               parameters.clip_gradient_min, parameters.clip_gradient_max)
     args = (parameters, table_variable, slot_variables)
 
-    if (every_row and isinstance(parameters, optimizers.AdamParameters) and
-        not parameters.lazy_adam):
+    if every_row and parameters.updates_every_row():
       # The rows not looked up get a zero gradient, after clipping.
       shape = tf.raw_ops.VariableShape(input=table_variable.handle,
                                        out_type=ids.dtype)
