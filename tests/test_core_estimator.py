@@ -5,6 +5,7 @@ derived by hand; on the legacy lane TF 2.15's own classes must meet them too
 (`lanes.DRIVERS`)."""
 import itertools
 import json
+import re
 
 import numpy as np
 import pytest
@@ -89,6 +90,20 @@ def test_a_run_config_keeps_its_subclass_state_and_attributes(name, is_chief,
                                  else '_CheckForStoppingHook')
 
 
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_training_logs_the_loss_step_and_step_rate(name, tmp_path, tf_log):
+  """Every `log_step_count_steps` steps; a TPUEstimator logs its own way."""
+  driver = lanes.core_driver(name)
+  estimator = driver.Estimator(_model_fn_of(driver), config=driver.RunConfig(
+      model_dir=str(tmp_path), log_step_count_steps=2))
+  estimator.train(lambda: _input_fn().repeat(), steps=5)
+  logged = [re.sub(r'[\d.]+', 'N', message) for message in tf_log
+            if re.match(r'loss = |global_step/sec', message)]
+  assert logged == ['loss = N, step = N', 'global_step/sec: N',
+                    'loss = N, step = N (N sec)', 'global_step/sec: N',
+                    'loss = N, step = N (N sec)']
+
+
 # TF_CONFIG -> (service, master, evaluation_master, device filters) of the
 # core RunConfig, then of the TPU's, which copies master into an unset
 # evaluation_master (outside an evaluator) and sets no device filters.
@@ -130,6 +145,25 @@ def test_service_master_and_evaluation_master_from_tf_config(
 
   assert settings(driver.RunConfig()) == core
   assert settings(driver.TPURunConfig()) == tpu
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('tf_config,error', [
+    ({'task': {'type': 'ps', 'index': 0}}, (
+        ValueError, 'If "cluster" is not set in TF_CONFIG, task type must be '
+        'WORKER.')),
+    ({'task': {'type': 'worker', 'index': 1}}, (
+        ValueError, 'If "cluster" is not set in TF_CONFIG, task index must '
+        'be 0.')),
+    ({'service': 789}, (
+        TypeError, 'If "service" is set in TF_CONFIG, it must be a dict. '
+        "Given <class 'int'>")),
+], ids=['local_ps', 'local_index', 'service'])
+def test_tf_config_errors(monkeypatch, name, tf_config, error):
+  monkeypatch.setenv('TF_CONFIG', json.dumps(tf_config))
+  driver = lanes.core_driver(name)
+  for run_config_class in (driver.RunConfig, driver.TPURunConfig):
+    assert _constructed(run_config_class) == error
 
 
 def _overriding(base, member, class_name='Overriding'):

@@ -593,8 +593,16 @@ class Estimator(object):
     return [tf.compat.v1.train.StopAtStepHook(steps, max_steps)]
 
   def _with_progress_logging(self, built):
-    """The TRAIN spec with the hooks that log progress (none here)."""
-    return built.spec
+    """The TRAIN spec with Estimator's loss and step logging first among its
+    training hooks (the step rate: `sessions.train`)."""
+    spec = built.spec
+    if self._config.log_step_count_steps is None:
+      return spec
+    logging_hook = tf.compat.v1.train.LoggingTensorHook(
+        {'loss': spec.loss, 'step': tf.compat.v1.train.get_global_step()},
+        every_n_iter=self._config.log_step_count_steps)
+    return spec._replace(
+        training_hooks=(logging_hook,) + tuple(spec.training_hooks))
 
   def evaluate(self,
                input_fn: Callable[..., Any],
@@ -890,3 +898,8 @@ class Estimator(object):
 
   def _check_model_fn_without_params(self):
     """Raises if the model_fn must take `params`; it need not here."""
+
+
+# The name of `tf.estimator.Estimator`'s class in tensorflow_estimator's
+# `estimator.py` (its `Estimator` is TF 1's, which this class also is).
+EstimatorV2 = Estimator

@@ -254,7 +254,7 @@ class EstimatorSpec(
 
 class BuiltGraph(collections.namedtuple('BuiltGraph', [
     'spec', 'checkpoint_names', 'before_save', 'steps_per_run',
-    'loop_iterations', 'eval_loss'])):
+    'loop_iterations', 'eval_loss', 'runs_per_prediction_batch'])):
   """What building a mode's model gives the session runs, besides the graph.
 
   spec: the `EstimatorSpec` to run.
@@ -267,12 +267,17 @@ class BuiltGraph(collections.namedtuple('BuiltGraph', [
     (`session.run` runs that many steps), or None: no loop.
   eval_loss: an evaluation loop's `(mean loss, the loop)` metric, or None:
     the mean of `spec.loss` over the runs.
+  runs_per_prediction_batch: the prediction runs whose outputs make one
+    batch `predict(yield_single_examples=False)` yields (a TPU step's, its
+    cores' batches joined, when each run predicts one core's batch).
   """
 
   def __new__(cls, spec, checkpoint_names=None, before_save=(),
-              steps_per_run=1, loop_iterations=None, eval_loss=None):
+              steps_per_run=1, loop_iterations=None, eval_loss=None,
+              runs_per_prediction_batch=1):
     return super().__new__(cls, spec, checkpoint_names, tuple(before_save),
-                           steps_per_run, loop_iterations, eval_loss)
+                           steps_per_run, loop_iterations, eval_loss,
+                           runs_per_prediction_batch)
 
 
 def fields_of(spec, spec_class):

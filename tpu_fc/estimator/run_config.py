@@ -120,7 +120,7 @@ def cluster_settings(cluster_spec, task_type, task_id, tf_config=None):
     task_id = int(task_id or 0)
     if task_type != TaskType.WORKER:
       raise ValueError(
-          'If "cluster" is not set in TF_CONFIG, task type must be TaskType.WORKER.')
+          'If "cluster" is not set in TF_CONFIG, task type must be WORKER.')
     if task_id != 0:
       raise ValueError(
           'If "cluster" is not set in TF_CONFIG, task index must be 0.')

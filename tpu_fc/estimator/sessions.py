@@ -86,7 +86,7 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
       save_summaries_steps=config.save_summary_steps,
       config=config.session_config,
       max_wait_secs=config.session_creation_timeout_secs,
-      log_step_count_steps=None,
+      log_step_count_steps=config.log_step_count_steps,
       save_graph_def=config.checkpoint_save_graph_def) as session:
     loss = None
     steps = 0
@@ -226,21 +226,41 @@ def predict(built, hooks, checkpoint_path, config, predict_keys,
           scaffold=spec.scaffold,
           config=config.session_config),
       hooks=list(hooks) + list(spec.prediction_hooks))
-  return _generate_predictions(session, predictions, yield_single_examples)
+  return _generate_predictions(session, predictions, yield_single_examples,
+                               built.runs_per_prediction_batch)
 
 
-def _generate_predictions(session, predictions, yield_single_examples):
+def _generate_predictions(session, predictions, yield_single_examples,
+                          runs_per_batch):
+  """Yields single examples, or batches of `runs_per_batch` runs' outputs
+  joined (the last one, at the input's end, of the runs left)."""
+  runs = []
   # The `with` ends the session quietly when input runs out (OutOfRange).
   with input_errors.explained(), session:
     while not session.should_stop():
       values = session.run(predictions)
       if not yield_single_examples:
-        yield values
+        runs.append(values)
+        if len(runs) == runs_per_batch:
+          yield _joined(runs)
+          runs = []
       elif not isinstance(predictions, dict):
         yield from values
       else:
         for i in range(_extract_batch_length(values)):
           yield {key: value[i] for key, value in values.items()}
+  if runs:
+    yield _joined(runs)
+
+
+def _joined(runs):
+  """The outputs of prediction runs, joined along the batch dimension."""
+  if len(runs) == 1:
+    return runs[0]
+  if isinstance(runs[0], dict):
+    return {key: np.concatenate([values[key] for values in runs])
+            for key in runs[0]}
+  return np.concatenate(runs)
 
 
 def _extract_keys(predictions, predict_keys):

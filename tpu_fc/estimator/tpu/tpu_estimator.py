@@ -401,6 +401,13 @@ class TPUEstimator(estimator.Estimator):
     # The columns' record of their tables' names was read by the build: it
     # holds Python objects no checkpoint's meta graph can serialize.
     naming.forget_recorded_scopes(tf.compat.v1.get_default_graph())
+    if mode == ModeKeys.PREDICT and not self._running_on_cpu(mode):
+      # A TPU step predicts its cores' batches, joined (`tpu_estimator.py`,
+      # 2297-2301); each run here predicts one of them (under PER_HOST_V2
+      # a core's: 1016-1021).
+      pipeline = self._deployment(mode)
+      if pipeline.kind == input_pipeline.PER_HOST_V2:
+        built = built._replace(runs_per_prediction_batch=pipeline.num_cores)
     return built
 
   @contextlib.contextmanager
