@@ -8,12 +8,14 @@ fails the run).  Importing the names loads TensorFlow, so run it under a lane:
     scripts/lane.sh latest python scripts/api_docs.py           # writes docs/api.md
     scripts/lane.sh latest python scripts/api_docs.py --check   # exit 1 if stale
 
-`tests/test_api_docs.py` checks that the committed file is what this writes.
+`tests/test_api_docs.py` checks that the committed file is what this writes (a
+section whose module needs a package the lane lacks, `NEEDS`, as committed).
 Standard library only.
 """
 import argparse
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -45,7 +47,7 @@ SECTIONS = (
          ('to_mid_level', 'replace'), '*Parameters'),) + tuple(
              ('tpu_fc.' + name, ()) for name in _OPTIMIZERS)),
     ('The embedding spec', 'tpu_fc.spec', (
-        ('tpu_fc.EmbeddingConfigSpec', ('to_mid_level',)),
+        ('tpu_fc.EmbeddingConfigSpec', ('to_mid_level', 'to_keras_rs')),
         ('tpu_fc.MidLevelConfig', ('scale_gradients', 'serving_feature_config',
                                    'split_features')),
         ('tpu_fc.TableConfig', ()),
@@ -86,10 +88,23 @@ SECTIONS = (
         ('tpu_fc.checkpoint_conversion.to_mid_level_checkpoint', ()),
         ('tpu_fc.checkpoint_conversion.to_legacy_checkpoint', ()),
         ('tpu_fc.checkpoint_conversion.inspect_checkpoint', ()),
+        ('tpu_fc.checkpoint_conversion.restore_embedding', ()),
+        ('tpu_fc.checkpoint_conversion.save_embedding', ()),
         ('tpu_fc.checkpoint_conversion.CheckpointConversionError', ()))),
     ('tpu_fc.serving', 'tpu_fc.serving', (
         ('tpu_fc.serving.export_mid_level_saved_model', ()),)),
+    ('tpu_fc.tfrs', 'tpu_fc.tfrs', (
+        ('tpu_fc.tfrs.restore', ()),
+        ('tpu_fc.tfrs.save', ()))),
+    ('tpu_fc.keras_rs', 'tpu_fc.keras_rs', (
+        ('tpu_fc.keras_rs.DistributedEmbedding', ()),
+        ('tpu_fc.keras_rs.restore', ()),
+        ('tpu_fc.keras_rs.save', ()))),
 )
+# The package a section's module needs that not every lane has (keras-rs:
+# Keras 3 and Python >= 3.11, the latest lane's).  Without it, the section is
+# kept as committed; the lanes with it check it.
+NEEDS = {'tpu_fc.keras_rs': 'keras_rs'}
 
 _SECTION_HEADER = re.compile(
     r'^(Args|Returns|Yields|Raises|Attributes)( \([^)]*\))?:$')
@@ -113,8 +128,11 @@ def resolve(path):
 
 def documented_callables():
   """(shown name, object) of every entry and member shown with its signature
-  (the members, not the class, of an entry shared by its subclasses)."""
-  for _, _, entries in SECTIONS:
+  (the members, not the class, of an entry shared by its subclasses), of the
+  sections this lane can import."""
+  for _, module, entries in SECTIONS:
+    if not importable(module):
+      continue
     for path, members, *shared_by in entries:
       owner = resolve(path)
       if not shared_by:
@@ -395,11 +413,31 @@ def render():
           for title, _, _ in SECTIONS]
   out.append('')
   for title, module, entries in SECTIONS:
+    if not importable(module):
+      out += [_committed_section(title), '']
+      continue
     out += ['## {}'.format(title), '',
             docstring_markdown(_doc(importlib.import_module(module))), '']
     for entry in entries:
       out += _entry(*entry)
   return re.sub(r'\n{3,}', '\n\n', '\n'.join(out)).rstrip() + '\n'
+
+
+def importable(module):
+  """Whether this lane has the package `module` needs (`NEEDS`)."""
+  return module not in NEEDS or importlib.util.find_spec(NEEDS[module]) is not None
+
+
+def _committed_section(title):
+  """Section `title` of the committed docs/api.md, its heading to the next
+  one's."""
+  with open(OUTPUT) as f:
+    found = re.search(r'^## {}\n.*?(?=^## |\Z)'.format(re.escape(title)),
+                      f.read(), re.M | re.S)
+  if found is None:
+    raise SystemExit('docs/api.md has no section {!r} to keep: write it on a '
+                     'lane with {}.'.format(title, NEEDS))
+  return found.group(0).rstrip()
 
 
 def main():

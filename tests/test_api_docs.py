@@ -111,9 +111,17 @@ DESIGN = {
     'tpu_fc.TPUEstimator.export_saved_model': """export_dir_base,
         serving_input_receiver_fn, assets_extra=None, as_text=False,
         checkpoint_path=None""",
+    'tpu_fc.EmbeddingConfigSpec.to_keras_rs': '',
     'tpu_fc.mid_level.TPUEmbedding': """feature_config, optimizer,
         pipeline_execution_with_tensor_core=False""",
     'tpu_fc.mid_level.TPUEmbeddingV0': 'feature_config, optimizer',
+    'tpu_fc.tfrs.restore': 'layer, checkpoint, spec=None',
+    'tpu_fc.tfrs.save': 'layer, path, global_step=None',
+    # the brief of issue 35, which keras-rs's layer builds on
+    'tpu_fc.checkpoint_conversion.restore_embedding': (
+        'embedding, checkpoint, spec=None, table_names=None'),
+    'tpu_fc.checkpoint_conversion.save_embedding': (
+        'embedding, directory, global_step=None'),
 }
 # Parameters after DESIGN's, each with a default, so that every call it
 # allows still works.
@@ -122,6 +130,8 @@ LATER = {
     'tpu_fc.TPUEstimator.export_saved_model': {
         'experimental_mode': 'infer'},  # TF 2.15's
     'tpu_fc.mid_level.TPUEmbedding': {'num_cores': 1},  # tpu_fc's
+    'tpu_fc.EmbeddingConfigSpec.to_keras_rs': {'batch_size': None,
+                                               'global_step': None},
 }
 _REQUIRED = object()
 

@@ -8,41 +8,17 @@ import tpu_fc
 import tensorflow as tf
 
 from harness import inputs
+from harness import models
 from harness import oracle
 
 fc = tf.feature_column
 embedding = tf.tpu.experimental.embedding
 
 
-def _rate_fn(step):
-  return 0.5 / (1.0 + tf.cast(step, tf.float32))
-
-
-def _columns():
-  """A spec's worth of columns: plain, weighted, shared, sequence and tensor-core."""
-  plain = tpu_fc.embedding_column(
-      fc.categorical_column_with_identity('a', 10), 4, combiner='sum',
-      learning_rate_fn=_rate_fn)
-  weighted = tpu_fc.embedding_column(
-      fc.weighted_categorical_column(
-          fc.categorical_column_with_identity('d', 7), 'd_weight'), 3,
-      combiner='sqrtn')
-  shared = tpu_fc.shared_embedding_columns(
-      [fc.categorical_column_with_identity('c', 6),
-       fc.categorical_column_with_identity('b', 6)], 2)
-  sequence = tpu_fc.embedding_column(
-      fc.sequence_categorical_column_with_identity('s', 5), 2,
-      max_sequence_length=3)
-  tensor_core = tpu_fc.embedding_column(
-      fc.categorical_column_with_identity('t', 8), 2,
-      embedding_lookup_device='tpu_tensor_core', tensor_core_shape=[None, 3])
-  return [plain, weighted, sequence, tensor_core] + shared
-
-
 @pytest.fixture
 def mid_level():
   spec = tpu_fc.EmbeddingConfigSpec(
-      feature_columns=_columns(),
+      feature_columns=models.spec_columns(),
       optimization_parameters=tpu_fc.AdagradParameters(0.1, 0.2))
   return spec.to_mid_level()
 
@@ -83,7 +59,7 @@ def test_optimizers_global_and_per_table_rate(mid_level):
   assert per_table.initial_accumulator_value == 0.2
   step = tf.compat.v1.train.get_or_create_global_step()
   step.assign(3)
-  assert float(per_table.learning_rate()) == pytest.approx(float(_rate_fn(3)))
+  assert float(per_table.learning_rate()) == pytest.approx(float(models.rate_fn(3)))
 
 
 def test_builds_a_real_tpu_embedding_on_cpu(mid_level):
@@ -147,7 +123,7 @@ def test_dict_path_with_legacy_and_mid_level_tables():
     tpu_fc.MomentumParameters(0.1, 0.9),
     tpu_fc.RMSPropParameters(0.1, 0.9, 0.0, 1e-6)])
 def test_optimizers_without_mid_level_twin_refuse_clearly(parameters):
-  spec = tpu_fc.EmbeddingConfigSpec(feature_columns=_columns(),
+  spec = tpu_fc.EmbeddingConfigSpec(feature_columns=models.spec_columns(),
                                     optimization_parameters=parameters)
   with pytest.raises(NotImplementedError,
                      match='tf.tpu.experimental.embedding'):

@@ -606,6 +606,21 @@ def test_output_shape_lookups_and_updates_follow_tfs_rule(kind, output_shape,
                              table, rtol=1e-6, atol=1e-6)
 
 
+def test_a_checkpoint_after_an_output_shape_sequence_restores(tmp_path):
+  """What the first enqueue made of the output shape is kept where TF's
+  checkpoint of the object accepts it."""
+  _, embedding = _output_shape_embedding([4, 2])
+  embedding.enqueue({'a': _output_shape_input('ragged')})
+  embedding.apply_gradients({'a': tf.ones([4, 2, 2])})
+  prefix = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'c'))
+  _, restored = _output_shape_embedding([4, 2])
+  restored.enqueue({'a': _output_shape_input('ragged')})
+  tf.train.Checkpoint(embedding=restored).restore(prefix).assert_consumed()
+  [trained], [read] = (list(e.embedding_tables.values())
+                       for e in (embedding, restored))
+  np.testing.assert_array_equal(read, trained)
+
+
 def _output_shape_misuses():
   def not_a_factor():
     _output_shape_embedding([3, 1])[1].enqueue(

@@ -8,6 +8,9 @@ SavedModels of step 5.  The TF2 loop of step 4 (tpu_fc's mid-level
 `TPUEmbedding`) must continue training as the estimator does, to float32
 rounding, and its checkpoint must convert back into the estimator's variables.  On the legacy lane, TF 2.15's own TPUEstimator runs the
 step-0 script under plain python and predicts the same from the same checkpoint.
+On the latest lane (keras-rs), step 7's Keras model restores step 0's tables
+and slots by name and saves them back bit for bit, and trains as the
+estimator does.
 """
 import json
 import os
@@ -80,6 +83,17 @@ def _trained(work_dir):
               '--model_dir', model_dir, '--train_steps', str(TRAIN_STEPS),
               '--predictions_file', predictions_file)
   return model_dir, np.load(predictions_file)
+
+
+@pytest.fixture(name='trained_further', scope='module')
+def _trained_further(trained, work_dir):
+  """(model_dir, predictions) of the step-1 estimator trained MORE_STEPS
+  steps past the step-0 model (a copy of its model_dir)."""
+  model_dir, _ = trained
+  further = str(work_dir / 'legacy_trained_further')
+  shutil.copytree(model_dir, further)
+  return further, step1_train.main([
+      '--model_dir', further, '--train_steps', str(TRAIN_STEPS + MORE_STEPS)])
 
 
 @pytest.fixture(name='converted', scope='module')
@@ -225,19 +239,15 @@ def test_step4_forward_pass_on_the_converted_checkpoint(trained, converted):
 @pytest.mark.subprocess
 @pytest.mark.usefixtures('installed')
 def test_step4_loop_trains_as_the_estimator_and_converts_back(
-    trained, converted, work_dir):
-  model_dir, predictions = trained
+    trained, trained_further, converted, work_dir):
+  _, predictions = trained
   tf2_dir = str(work_dir / 'tf2')
   after_tf2_loop = step4_tf2_loop.main([
       '--checkpoint', converted[0], '--train_steps', str(MORE_STEPS),
       '--save_dir', tf2_dir])
   assert np.abs(after_tf2_loop - predictions).max() > 1e-3  # it did train
 
-  estimator_dir = str(work_dir / 'legacy_trained_further')
-  shutil.copytree(model_dir, estimator_dir)
-  after_estimator = step1_train.main([
-      '--model_dir', estimator_dir,
-      '--train_steps', str(TRAIN_STEPS + MORE_STEPS)])
+  estimator_dir, after_estimator = trained_further
   np.testing.assert_allclose(after_tf2_loop, after_estimator, rtol=0,
                              atol=LOOP_ATOL)
 
@@ -273,6 +283,116 @@ def test_step5_both_saved_models_serve_the_same(trained, converted, work_dir):
   assert sorted(served) == ['legacy', 'mid_level']
   for answers in served.values():
     assert_same_predictions(answers, predictions)
+
+
+def _embedding_variables(prefix):
+  """The tables, their slots and the global step of a legacy checkpoint."""
+  return {name: value for name, value in _checkpoint_values(prefix).items()
+          if 'embedding' in name or name == 'global_step'}
+
+
+@pytest.mark.subprocess
+@pytest.mark.usefixtures('installed')
+def test_step6_tfrs_model_continues_as_the_estimator_and_converts_back(
+    trained, trained_further, work_dir):
+  """TFRS's layer (tpu_fc's after `install()`) restored from the legacy
+  model_dir: its predictions, and converted back its tables, Adagrad slots
+  and global step bit for bit; 5 steps of `model.fit` give the estimator's
+  5 more (emulated TPU) within the step-4 loop's bounds."""
+  pytest.importorskip('tensorflow_recommenders')
+  import step6_tfrs  # pylint: disable=g-import-not-at-top  (calls install())
+  model_dir, predictions = trained
+  assert_same_predictions(
+      step6_tfrs.main(['--model_dir', model_dir,
+                       '--save_dir', str(work_dir / 'tfrs0')]), predictions)
+  back = _embedding_variables(_converted_back(work_dir / 'tfrs0', work_dir))
+  original = _embedding_variables(tf.train.latest_checkpoint(model_dir))
+  assert sorted(back) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+  estimator_dir, after_estimator = trained_further
+  after_fit = step6_tfrs.main([
+      '--model_dir', model_dir, '--train_steps', str(MORE_STEPS),
+      '--save_dir', str(work_dir / 'tfrs')])
+  assert np.abs(after_fit - predictions).max() > 1e-3  # it did train
+  np.testing.assert_allclose(after_fit, after_estimator, rtol=0,
+                             atol=LOOP_ATOL)
+  back = _embedding_variables(_converted_back(work_dir / 'tfrs', work_dir))
+  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
+  assert sorted(back) == sorted(expected)
+  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
+  for name, value in expected.items():
+    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
+                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+
+  # As a plain script (its own `tpu_fc.install()`), it trains as imported.
+  run_example('step6_tfrs.py', '--model_dir', model_dir, '--train_steps',
+              str(MORE_STEPS), '--save_dir', str(work_dir / 'tfrs_by_script'))
+  assert_same_variables(tf.train.latest_checkpoint(str(work_dir /
+                                                       'tfrs_by_script')),
+                        tf.train.latest_checkpoint(str(work_dir / 'tfrs')))
+
+
+def _converted_back(mid_level_dir, work_dir):
+  """The page's `convert-checkpoint --to legacy` of a step-6 save."""
+  back_dir = str(work_dir / (mid_level_dir.name + '_legacy'))
+  cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', SPEC_REFERENCE,
+            str(mid_level_dir), back_dir])
+  return tf.train.latest_checkpoint(back_dir)
+
+
+def _step7():
+  """The step-7 example module (keras-rs: Python >= 3.11, the latest lane)."""
+  pytest.importorskip('keras_rs')
+  import step7_keras_rs  # pylint: disable=g-import-not-at-top,import-outside-toplevel
+  return step7_keras_rs
+
+
+@pytest.mark.subprocess
+def test_step7_keras_rs_restores_and_saves_the_legacy_model_bit_for_bit(
+    trained, work_dir):
+  """The tables, Adagrad accumulators and global step (the dense layers are
+  Keras' weights)."""
+  model_dir, predictions = trained
+  assert_same_predictions(
+      _step7().main(['--model_dir', model_dir,
+                     '--save_dir', str(work_dir / 'keras_rs0')]),
+      predictions)
+  back = _embedding_variables(_converted_back(work_dir / 'keras_rs0',
+                                              work_dir))
+  original = _embedding_variables(tf.train.latest_checkpoint(model_dir))
+  assert sorted(back) == sorted(original)
+  for name, value in original.items():
+    np.testing.assert_array_equal(back[name], value, err_msg=name)
+
+
+@pytest.mark.subprocess
+def test_step7_keras_rs_trains_as_the_estimator(trained, trained_further,
+                                                 work_dir):
+  model_dir, predictions = trained
+  keras_rs_dir = work_dir / 'keras_rs'
+  after_fit = _step7().main([
+      '--model_dir', model_dir, '--train_steps', str(MORE_STEPS),
+      '--save_dir', str(keras_rs_dir)])
+  assert np.abs(after_fit - predictions).max() > 1e-3  # it did train
+  estimator_dir, after_estimator = trained_further
+  np.testing.assert_allclose(after_fit, after_estimator, rtol=0,
+                             atol=LOOP_ATOL)
+  back = _embedding_variables(_converted_back(keras_rs_dir, work_dir))
+  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
+  assert sorted(back) == sorted(expected)
+  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
+  for name, value in expected.items():  # tables, accumulators
+    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
+                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+
+  # Run as a plain script, step 7 trains bit for bit as imported.
+  script_dir = str(work_dir / 'keras_rs_by_script')
+  run_example('step7_keras_rs.py', '--model_dir', model_dir,
+              '--train_steps', str(MORE_STEPS), '--save_dir', script_dir)
+  assert_same_variables(tf.train.latest_checkpoint(script_dir),
+                        tf.train.latest_checkpoint(str(keras_rs_dir)))
 
 
 def test_guide_links_every_example():

@@ -63,6 +63,13 @@ def test_overridden_private_methods_exist(cls, method):
   assert callable(getattr(cls, method))
 
 
+def test_the_classes_train_and_evaluate_reads_where_tf_reads_them_are_tfs():
+  """It reads them from their modules when it runs, as TF's training does."""
+  assert internals.server_lib.Server is tf.distribute.Server
+  assert (internals.basic_session_run_hooks.SecondOrStepTimer is
+          tf.compat.v1.train.SecondOrStepTimer)
+
+
 # The TF attributes tpu_fc replaces while building a graph (`replaced`).
 REPLACED = [
     (internals.tpu_ops_module, 'cross_replica_sum'),
@@ -147,3 +154,44 @@ def test_hook_helpers_on_real_hooks(tmp_path):
   counter = tf.compat.v1.train.StepCounterHook(every_n_steps=1)
   internals.set_steps_per_run(counter, 5)
   assert counter._steps_per_run == 5  # pylint: disable=protected-access
+
+
+def test_mid_level_configs_and_variables_of_tfs_own_class():
+  table = tf.tpu.experimental.embedding.TableConfig(4, 2, name='t')
+  features = {'f': tf.tpu.experimental.embedding.FeatureConfig(table)}
+  embedding = tf.tpu.experimental.embedding.TPUEmbeddingForServing(
+      features, tf.tpu.experimental.embedding.Adagrad(0.1))
+  embedding.build()
+  assert tf.nest.flatten(internals.mid_level_feature_config(embedding)) == [
+      features['f']]
+  variables = internals.mid_level_variables(embedding)
+  assert sorted(variables['t']) == ['accumulators', 'parameters']
+  assert variables['t']['parameters'] is embedding.embedding_tables[table]
+
+
+def test_a_saved_model_export_is_known_while_its_functions_trace(tmp_path):
+  seen = []
+  module = tf.Module()
+  module.f = tf.function(
+      lambda: seen.append(internals.in_saved_model_export()) or tf.constant(1),
+      input_signature=[])
+  assert not internals.in_saved_model_export()
+  tf.saved_model.save(module, str(tmp_path))
+  assert seen == [True]
+
+
+def test_head_helpers_on_real_objects():
+  features = {'w': tf.constant([[2.], [4.]]), 'i': tf.constant([1, 3])}
+  for column in (tf.feature_column.numeric_column('w'),
+                 tf.compat.v1.feature_column.numeric_column('i')):
+    assert isinstance(column, internals.NUMERIC_COLUMN_TYPES)
+  weights = internals.numeric_column_dense_tensor(
+      tf.feature_column.numeric_column('w'), features)
+  assert weights.numpy().tolist() == [[2.], [4.]]
+  assert internals.numeric_column_dense_tensor(
+      tf.feature_column.numeric_column('i'), features).shape == [2, 1]
+  losses = tf.constant([[1.], [3.]])
+  assert internals.compute_weighted_loss(
+      losses, weights, 'sum_over_batch_size').numpy() == 7.
+  assert internals.broadcast_weights(
+      1., tf.zeros([2, 3])).numpy().tolist() == [[1.] * 3] * 2

@@ -63,7 +63,7 @@ _PUBLIC.update(dict.fromkeys((
     'TPUConfig', 'TPUEstimator', 'TPUEstimatorSpec', 'train_and_evaluate',
     'TrainSpec'), 'tpu_fc.estimator'))
 
-__all__ = sorted(_PUBLIC) + ['export', 'mid_level']
+__all__ = sorted(_PUBLIC) + ['export', 'mid_level', 'tfrs']
 
 
 def __getattr__(name):

@@ -89,7 +89,8 @@ def _reporting_user_errors(handler):
 
 def _inspect(args):
   from tpu_fc import checkpoint_conversion as conversion  # pylint: disable=g-import-not-at-top
-  spec = conversion.spec_from_reference(args.spec) if args.spec else None
+  from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top
+  spec = legacy_names.spec_from_reference(args.spec) if args.spec else None
   report = conversion.inspect_checkpoint(args.checkpoint, spec)
   print(json.dumps(report, indent=2) if args.json
         else conversion.format_inspection(report))
@@ -97,7 +98,8 @@ def _inspect(args):
 
 def _convert_checkpoint(args):
   from tpu_fc import checkpoint_conversion as conversion  # pylint: disable=g-import-not-at-top
-  spec = conversion.spec_from_reference(args.spec)
+  from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top
+  spec = legacy_names.spec_from_reference(args.spec)
   if args.to == 'mid-level':
     written = conversion.to_mid_level_checkpoint(
         spec, args.source, args.destination, _table_names(args.table_name),

@@ -21,6 +21,7 @@ from tensorflow.python.ops import summary_ops_v2
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.ops import variables as variables_lib
 from tensorflow.python.saved_model import path_helpers
+from tensorflow.python.saved_model import save_context
 from tensorflow.python.saved_model.model_utils import export_output
 from tensorflow.python.saved_model.model_utils import export_utils
 from tensorflow.python.tpu import feature_column as tpu_fc_v1
@@ -32,8 +33,10 @@ from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
 from tensorflow.python.tpu.ops import tpu_ops
 from tensorflow.python.trackable import trackable_utils
+from tensorflow.python.training import basic_session_run_hooks
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
+from tensorflow.python.training import server_lib
 from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object_util
 from tensorflow.python.util import function_utils
@@ -60,6 +63,11 @@ StopAfterNEvalsHook = evaluation._StopAfterNEvalsHook
 get_or_create_eval_step = evaluation._get_or_create_eval_step
 # Init ops of every `tf.summary.create_file_writer` writer in the graph.
 summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
+# `server_lib.Server` and `basic_session_run_hooks.SecondOrStepTimer` (the
+# modules imported above; `tf.distribute.Server`,
+# `tf.compat.v1.train.SecondOrStepTimer`): train_and_evaluate reads them when
+# it runs, where TF's training reads them, so replacing one there (TF's own
+# tests patch them) reaches tpu_fc's too.
 # The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
 Optimizer = optimizer_lib.Optimizer
 
@@ -216,6 +224,28 @@ EMBEDDING_AND_NUMERIC_COLUMN_TYPES = (
     (core_fc_v1._EmbeddingColumn, fc_lib.EmbeddingColumn,
      core_fc_v1._SharedEmbeddingColumn))
 
+# Heads --------------------------------------------------------------------------------
+
+# The column types a head's `weight_column` may be (a string is made one).
+NUMERIC_COLUMN_TYPES = (fc_lib.NumericColumn, core_fc_v1._NumericColumn)
+
+
+def numeric_column_dense_tensor(column, features):
+  """`column`'s tensor of `features`, through the v1 column API TF's heads
+  read weights with (a rank-1 feature gets a last dimension of 1)."""
+  return column._get_dense_tensor(core_fc_v1._LazyBuilder(features))
+
+
+def compute_weighted_loss(losses, sample_weight, reduction):
+  """Keras' weighted loss reduction, which TF's heads reduce their losses
+  with (read on call: it loads Keras)."""
+  return tf.compat.v2.keras.__internal__.losses.compute_weighted_loss(
+      losses, sample_weight=sample_weight, reduction=reduction)
+
+
+# Weights broadcast to a metric's values, as TF's heads weight their metrics.
+broadcast_weights = tf.compat.v2.__internal__.ops.broadcast_weights
+
 # TPU -----------------------------------------------------------------------------------
 
 tpu_shard_context = tpu_function.tpu_shard_context
@@ -251,3 +281,23 @@ def forget_shared_table(creator, graph):
   """Drops a `SharedEmbeddingColumnCreator`'s cached table of `graph`, so the
   next column to ask for it creates it again."""
   creator._embedding_weights.pop(graph._graph_key, None)
+
+
+def mid_level_feature_config(embedding):
+  """The nest of `FeatureConfig`s a mid-level API object was made with (the
+  tables' configs hold the optimizer each trains with)."""
+  return embedding._feature_config
+
+
+def mid_level_variables(embedding):
+  """`{table name: {'parameters': table, slot name: slot}}` of a built
+  mid-level API object (TF's or tpu_fc's), the slots a
+  `slot_variable_creation_fn` made elsewhere (a Keras optimizer's) included:
+  its checkpoint children lack those."""
+  return embedding._variables
+
+
+# Whether a SavedModel is being written (`tf.saved_model.save` traces the
+# functions it exports within): tpu_fc's Keras layers then export their CPU
+# lookup, as TF's serving classes do.
+in_saved_model_export = save_context.in_save_context

@@ -13,21 +13,21 @@ slots) is carried under its legacy name in a `dense` dict, the global step as
 back reproduces the original checkpoint's names and values bit for bit.
 
 The command line's `convert-checkpoint` and `inspect` call these functions.
+`restore_embedding` and `save_embedding` read and write the same layouts into
+and out of a live mid-level API object (the tables of tpu_fc's layers for
+tensorflow-recommenders and keras-rs), by table name.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
-import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import mid_level as mid_level_lib
-from tpu_fc import legacy_names
 from tpu_fc import naming
 from tpu_fc import optimizers
 from tpu_fc import spec as spec_lib
@@ -59,16 +59,16 @@ class CheckpointConversionError(ValueError):
 
 
 def _check_destination(source, destination, kind):
-  """Refuses a destination whose `checkpoint` state file the conversion would
-  repoint: the directory the source is read from, or, for a mid-level checkpoint,
-  any directory that holds legacy checkpoints (a model_dir whose next `train()`
-  would then fail)."""
+  """Refuses a destination whose `checkpoint` state file the conversion (or a
+  save: `source` None) would repoint: the directory the source is read from,
+  or, for a mid-level checkpoint, any directory that holds legacy checkpoints
+  (a model_dir whose next `train()` would then fail)."""
   if tf.io.gfile.exists(destination) and not tf.io.gfile.isdir(destination):
     raise CheckpointConversionError(
         'Refusing to write the {} checkpoint into {}: it is a file. Choose a '
         'directory.'.format(kind, destination))
-  source_dir = source if tf.io.gfile.isdir(source) else os.path.dirname(source)
-  same = os.path.abspath(destination) == os.path.abspath(source_dir or '.')
+  same = source is not None and os.path.abspath(destination) == os.path.abspath(
+      (source if tf.io.gfile.isdir(source) else os.path.dirname(source)) or '.')
   latest = (checkpoints.latest_checkpoint(destination)
             if tf.io.gfile.isdir(destination) else None)
   legacy_model_dir = (kind == 'mid-level' and latest is not None and not
@@ -163,21 +163,24 @@ def _name_matches(name, table, layout):
   """Whether checkpoint variable `name` can be `table` (any enclosing scope)."""
   column = layout.features_of(table.name)[0].column
   if column is None:
-    return name == table.name
+    return naming.is_table_variable(name, table.name)
   return naming.is_column_variable(name, column)
 
 
-def _check_table_names(table_names, spec):
-  """Refuses `table_names` keys that are not the spec's tables (a misspelling
-  would otherwise leave its table to the default name)."""
-  tables = sorted(t.name for layout in (spec.embedding_layout(),
-                                        spec.tensor_core_layout())
-                  for t in layout.tables)
+def _spec_tables(spec):
+  return [t.name for layout in (spec.embedding_layout(),
+                                spec.tensor_core_layout())
+          for t in layout.tables]
+
+
+def _check_table_names(table_names, tables, owner='the spec'):
+  """Refuses `table_names` keys that are not `tables` (a misspelling would
+  otherwise leave its table to the default name)."""
   unknown = sorted(set(table_names or {}) - set(tables))
   if unknown:
     raise CheckpointConversionError(
-        'table_names (--table-name) names {}, which the spec has no table of; '
-        'its tables are {}.'.format(unknown, tables))
+        'table_names (--table-name) names {}, which {} has no table of; '
+        'its tables are {}.'.format(unknown, owner, sorted(tables)))
 
 
 def _find_legacy_names(values, layout, table_names):
@@ -211,7 +214,7 @@ def _check_shape(table, name, value):
   expected = (table.vocabulary_size, table.dimension)
   if tuple(np.shape(value)) != expected:
     raise CheckpointConversionError(
-        'Table {}: checkpoint variable {} has shape {}, but the spec says '
+        'Table {}: checkpoint variable {} has shape {}, but the table is '
         '[vocabulary_size, dimension] = {} (vocabulary or dimension '
         'changed?).'.format(table.name, name, list(np.shape(value)),
                             list(expected)))
@@ -255,8 +258,9 @@ def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots)
   if missing and not (fresh_slots and len(missing) == len(expected)):
     raise CheckpointConversionError(
         'Table {}: the checkpoint lacks the {} slot variable(s) {} (it has {}).'
-        ' Pass fresh_slots=True (--fresh-slots) to start the optimizer state '
-        'anew.'.format(table.name, type(parameters).__name__, missing, below))
+        ' Convert it with fresh_slots=True (convert-checkpoint --fresh-slots) '
+        'to start the optimizer state anew.'.format(
+            table.name, type(parameters).__name__, missing, below))
   unexpected = sorted(set(below) - set(expected))
   if unexpected and not missing:
     raise CheckpointConversionError(
@@ -317,7 +321,7 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   embedding, variables = _built(tf.tpu.experimental.embedding.TPUEmbedding(
       config.feature_config, config.optimizer))
   layout = spec.embedding_layout()
-  _check_table_names(table_names, spec)
+  _check_table_names(table_names, _spec_tables(spec))
   table_names = dict(table_names or {})
   legacy_names = _find_legacy_names(values, layout, table_names)
   new_values, carried = {}, set()
@@ -362,6 +366,40 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
 
 
 # Mid-level -> legacy -------------------------------------------------------------
+
+
+def _checked_mid_level_table(embedded, table, parameters, tables, source):
+  """{mid-level child name: value} of `table` and its `parameters`' slots
+  (None: no slots read) among the `embedding/` children of a mid-level
+  checkpoint; refused if missing, of another shape, or with slots of another
+  optimizer (children `<table>/<slot>` that are no table of `tables`)."""
+  if table.name not in embedded:
+    raise CheckpointConversionError(
+        'Table {} is not in the mid-level checkpoint {} (it has {}).'.format(
+            table.name, source, sorted(embedded)))
+  _check_shape(table, _object_key(EMBEDDING_KEY, table.name),
+               embedded[table.name])
+  table_values = {table.name: embedded[table.name]}
+  if parameters is None:
+    return table_values
+  expected = ['{}/{}'.format(table.name, slot) for _, slot in parameters.SLOTS]
+  missing = [name for name in expected if name not in embedded]
+  if missing:
+    raise CheckpointConversionError(
+        'Table {}: the mid-level checkpoint lacks the {} slot {!r}.'.format(
+            table.name, type(parameters).__name__,
+            missing[0][len(table.name) + 1:]))
+  others = {t.name for t in tables}
+  unexpected = sorted(name for name in embedded
+                      if name.startswith(table.name + '/') and
+                      name not in expected and name not in others)
+  if unexpected:
+    raise CheckpointConversionError(
+        'Table {}: the mid-level checkpoint holds the slot(s) {}, which {} has '
+        'no slot for.'.format(table.name, unexpected,
+                              type(parameters).__name__))
+  table_values.update((name, embedded[name]) for name in expected)
+  return table_values
 
 
 def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
@@ -411,26 +449,19 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   recorded_key = _object_key(LEGACY_NAMES_KEY)
   recorded = (json.loads(values[recorded_key].decode())
               if recorded_key in values else {})
-  _check_table_names(table_names, spec)
+  _check_table_names(table_names, _spec_tables(spec))
   recorded.update(table_names or {})
+  embedded = _children(values, EMBEDDING_KEY)
   legacy = {}
   for table in layout.tables:
-    table_key = _object_key(EMBEDDING_KEY, table.name)
-    if table_key not in values:
-      raise CheckpointConversionError(
-          'Table {} is not in the mid-level checkpoint {} (it has {}).'.format(
-              table.name, source, sorted(_children(values, EMBEDDING_KEY))))
-    _check_shape(table, table_key, values[table_key])
-    legacy_name = _legacy_name(table, layout, recorded)
-    legacy[legacy_name] = values[table_key]
     parameters = _table_parameters(spec, table)
+    table_values = _checked_mid_level_table(embedded, table, parameters,
+                                            layout.tables, source)
+    legacy_name = _legacy_name(table, layout, recorded)
+    legacy[legacy_name] = table_values[table.name]
     for suffix, slot in parameters.SLOTS:
-      slot_key = _object_key(EMBEDDING_KEY, '{}/{}'.format(table.name, slot))
-      if slot_key not in values:
-        raise CheckpointConversionError(
-            'Table {}: the mid-level checkpoint lacks the {} slot {!r}.'.format(
-                table.name, type(parameters).__name__, slot))
-      legacy['{}/{}'.format(legacy_name, suffix)] = values[slot_key]
+      legacy['{}/{}'.format(legacy_name, suffix)] = table_values[
+          '{}/{}'.format(table.name, slot)]
   dense = _children(values, DENSE_KEY)
   tensor_core = spec.tensor_core_layout()
   for table in tensor_core.tables:
@@ -450,15 +481,12 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   return _write_legacy(legacy, destination, int(global_step))
 
 
-def _write_legacy(values, destination, global_step):
-  """A name-based checkpoint of `values`, as `Saver.save` writes it.
-
-  The destination's earlier checkpoints stay listed in its `checkpoint` file;
-  one of this global step or later is never overwritten (nor would training
-  from the new one overwrite it).
-  """
-  tf.io.gfile.makedirs(destination)
-  prefix = os.path.join(destination, '{}-{}'.format(_LEGACY_PREFIX, global_step))
+def _unwritten_prefix(destination, name, global_step):
+  """(`destination/<name>-<global step>`, the checkpoints its `checkpoint`
+  file lists), refused if the directory holds a checkpoint of this global
+  step or later, which the write or the next training from it would
+  overwrite."""
+  prefix = os.path.join(destination, '{}-{}'.format(name, global_step))
   state = tf.train.get_checkpoint_state(destination)
   listed = list(state.all_model_checkpoint_paths) if state else []
   later = [path for path in sorted(set(listed + [prefix]))
@@ -467,8 +495,20 @@ def _write_legacy(values, destination, global_step):
   if later:
     raise CheckpointConversionError(
         'Refusing to write {}: {} holds {}, of global step {} or later, which '
-        'the conversion or the next train() from it would overwrite. Choose a '
+        'the write or the next training from it would overwrite. Choose a '
         'new directory.'.format(prefix, destination, later, global_step))
+  return prefix, listed
+
+
+def _write_legacy(values, destination, global_step):
+  """A name-based checkpoint of `values`, as `Saver.save` writes it.
+
+  The destination's earlier checkpoints stay listed in its `checkpoint` file;
+  one of this global step or later is never overwritten (nor would training
+  from the new one overwrite it).
+  """
+  tf.io.gfile.makedirs(destination)
+  prefix, listed = _unwritten_prefix(destination, _LEGACY_PREFIX, global_step)
   with tf.Graph().as_default(), tf.device('/cpu:0'):
     placeholders = {name: tf.compat.v1.placeholder(
         tf.as_dtype(value.dtype), np.shape(value))
@@ -483,6 +523,140 @@ def _write_legacy(values, destination, global_step):
       session.run([v.initializer for v in variables.values()],
                   {placeholders[name]: value for name, value in values.items()})
       return saver.save(session, prefix, write_meta_graph=False)
+
+
+# A mid-level API object's tables and slots -------------------------------------------
+
+
+def _embedding_layout(embedding):
+  """(layout, {mid-level child name: variable}) of a mid-level API object,
+  built: its tables by their own names, each with the legacy parameters of
+  its optimizer (None: it has none), and its tables and slots (`<table>`,
+  `<table>/<slot>`), wherever a `slot_variable_creation_fn` put them."""
+  _built(embedding)
+  named = internals.flatten_with_joined_string_paths(
+      internals.mid_level_feature_config(embedding))
+  variables = {}
+  for table, table_variables in internals.mid_level_variables(
+      embedding).items():
+    for slot, variable in table_variables.items():
+      variables[table if slot == 'parameters' else '{}/{}'.format(
+          table, slot)] = variable
+  return spec_lib.layout_of_mid_level(dict(named)), variables
+
+
+def _legacy_embedding_values(values, layout, spec, table_names):
+  """{mid-level child name: value} of the tables of `layout` (an embedding's)
+  and their slots in legacy checkpoint `values`, found by the naming rules
+  or, with it, by `spec`."""
+  legacy_names = _find_legacy_names(
+      values, layout if spec is None else spec.embedding_layout(), table_names)
+  new_values = {}
+  for table in layout.tables:
+    if table.name not in legacy_names:
+      raise CheckpointConversionError(
+          'Table {} of the embedding is not a table of the spec, whose tables '
+          'are {}: give the spec that trained the checkpoint.'.format(
+              table.name, sorted(legacy_names)))
+    legacy_name = legacy_names[table.name]
+    if table.optimizer is None:  # no slots to restore
+      _check_shape(table, legacy_name, values[legacy_name])
+      new_values[table.name] = values[legacy_name]
+    else:
+      new_values.update(_mid_level_table_values(
+          table, table.optimizer, values, legacy_name, fresh_slots=False)[0])
+  return new_values
+
+
+def restore_embedding(embedding: Any, checkpoint: str,
+                      spec: spec_lib.EmbeddingConfigSpec | None = None,
+                      table_names: Mapping[str, str] | None = None) -> int:
+  """Loads a mid-level API object's tables and slots, by table name.
+
+  From a legacy TPUEstimator checkpoint (tables found by tpu_fc's naming
+  rules: `tbl_<embedding var name>`, as `spec.to_mid_level()` names them, is
+  its column's table or its shared collection's, a dict-configured table is
+  its own name; or by `spec` where those are ambiguous; slots by the legacy
+  suffixes of the table's optimizer), or from a mid-level one (as
+  `to_mid_level_checkpoint` or `save_embedding` write it).  All or nothing:
+  every table and slot is checked before any is assigned.
+
+  Args:
+    embedding: a mid-level API object: `tpu_fc.mid_level.TPUEmbedding`, or
+      TF's own class (e.g. `TPUEmbeddingForServing`); built if it is not.
+      A table without an optimizer (a serving object's) takes its table
+      alone.
+    checkpoint: a checkpoint prefix, or a directory (its latest checkpoint).
+    spec: the `EmbeddingConfigSpec` that trained a legacy checkpoint, which
+      names its tables where the naming rules find none or several.
+    table_names: optional {table name: legacy variable name}, for tables of
+      a legacy checkpoint that neither finds.
+
+  Returns:
+    The checkpoint's global step (0 if it has none).
+
+  Raises:
+    CheckpointConversionError: no checkpoint at `checkpoint`; a table of the
+      embedding missing from the checkpoint (or from the spec), ambiguous,
+      of another shape or vocabulary; slots of another optimizer, or a slot
+      missing; a `table_names` key that is no table of the embedding.  The
+      message names the table (and variable); nothing was assigned.
+  """
+  _, values = _read(checkpoint)
+  layout, variables = _embedding_layout(embedding)
+  _check_table_names(table_names, [t.name for t in layout.tables],
+                     owner='the embedding')
+  if _is_mid_level(values):
+    embedded = _children(values, EMBEDDING_KEY)
+    new_values = {}
+    for table in layout.tables:
+      new_values.update(_checked_mid_level_table(
+          embedded, table, table.optimizer, layout.tables, checkpoint))
+    global_step = values.get(_object_key(GLOBAL_STEP_KEY), 0)
+  else:
+    new_values = _legacy_embedding_values(values, layout, spec,
+                                          dict(table_names or {}))
+    global_step = values.get(_GLOBAL_STEP_NAME, 0)
+  for name, variable in variables.items():
+    variable.assign(new_values[name])
+  return int(global_step)
+
+
+def save_embedding(embedding: Any, directory: str,
+                   global_step: int | None = None) -> str:
+  """Writes a mid-level API object's tables and slots in the mid-level layout.
+
+  `embedding/<table>`, `embedding/<table>/<slot>` and `global_step`, as
+  `to_mid_level_checkpoint` writes them (what `tf.train.Checkpoint(
+  embedding=<a TPUEmbedding>)` reads, slots a Keras optimizer holds
+  included), so `to_legacy_checkpoint` (`convert-checkpoint --to legacy`)
+  turns it into a TPUEstimator checkpoint and `restore_embedding` reads it.
+
+  Args:
+    embedding: a mid-level API object (`tpu_fc.mid_level.TPUEmbedding`, or
+      TF's own class); built if it is not (a pipelined step's parked update
+      is applied first, as a checkpoint of it would).
+    directory: where to write `ckpt-<global step>`.
+    global_step: the global step to record (None: 0).
+
+  Returns:
+    The written checkpoint prefix.
+
+  Raises:
+    CheckpointConversionError: `directory` is a file, a legacy model_dir, or
+      holds a checkpoint of this global step or later (never overwritten).
+  """
+  global_step = 0 if global_step is None else int(global_step)
+  _check_destination(None, directory, 'mid-level')
+  _unwritten_prefix(directory, _MID_LEVEL_PREFIX, global_step)
+  _, variables = _embedding_layout(embedding)
+  checkpoint = tf.train.Checkpoint(**{
+      EMBEDDING_KEY: variables,  # TF's mid-level child names as keys
+      GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64)})
+  manager = tf.train.CheckpointManager(
+      checkpoint, directory, max_to_keep=None,
+      checkpoint_name=_MID_LEVEL_PREFIX)
+  return manager.save(checkpoint_number=global_step)
 
 
 # Inspection ------------------------------------------------------------------------
@@ -622,41 +796,3 @@ def format_inspection(report):
   lines.extend('  {}  {}  {}'.format(v['name'], v['shape'], v['dtype'])
                for v in report['dense_variables'])
   return '\n'.join(lines)
-
-
-def spec_from_reference(reference):
-  """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the EmbeddingConfigSpec it names.
-
-  ATTR may be a spec or a zero-argument callable returning one.  The file or
-  module is loaded as `tpu-fc run` runs a script -- legacy names bound, its
-  folder on `sys.path` -- except that its `__main__` block does not run.
-  """
-  module_name, _, attribute = reference.rpartition(':')
-  if not module_name or not attribute:
-    raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
-        reference))
-  with legacy_names.installed():
-    if module_name.endswith('.py'):
-      if not os.path.isfile(module_name):
-        raise ValueError('--spec {}: no such file {} (relative paths start at '
-                         '{}).'.format(reference, module_name, os.getcwd()))
-      namespace = legacy_names.run_script(module_name, run_name='__tpu_fc_spec__')
-    else:
-      if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
-        sys.path.insert(0, os.getcwd())
-      try:
-        namespace = vars(importlib.import_module(module_name))
-      except ImportError as error:
-        raise ValueError('--spec {}: cannot import {} ({}; relative module '
-                         'paths start at {}).'.format(
-                             reference, module_name, error, os.getcwd())) from error
-    if attribute not in namespace:
-      raise ValueError('{} has no attribute {!r}.'.format(module_name,
-                                                          attribute))
-    spec = namespace[attribute]
-    if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
-      spec = spec()
-  if not isinstance(spec, spec_lib.EmbeddingConfigSpec):
-    raise ValueError('{} is a {}, not an EmbeddingConfigSpec.'.format(
-        reference, type(spec).__name__))
-  return spec

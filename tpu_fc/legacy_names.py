@@ -4,7 +4,10 @@ After `install()`, `tf.compat.v1.tpu.experimental.embedding_column`, the `*Param
 classes, `tf.compat.v1.estimator.tpu.*`, `tf.estimator.tpu.experimental.
 EmbeddingConfigSpec`, `tf.estimator.ModeKeys`, ... are tpu_fc's, on TF 2.15 and on TF
 versions without `tf.estimator`; so are `tf.tpu.experimental.embedding.TPUEmbedding`
-and `TPUEmbeddingV0` when created outside a `TPUStrategy` (migrated TF2 scripts).
+and `TPUEmbeddingV0` when created outside a `TPUStrategy` (migrated TF2 scripts), and
+tensorflow-recommenders' `tfrs.layers.embedding.TPUEmbedding` (`tpu_fc.tfrs`: trained on
+the CPU by its embedding optimizer's TPU rules; TFRS's own under a `TPUStrategy`), bound
+when the script imports TFRS (`install()` does not import it).
 Estimator namespaces are replaced by namespaces that hold tpu_fc's names and defer
 every other name to the namespace they replace (on TF 2.15 that is
 tensorflow_estimator, imported only if the script asks for such a name).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import importlib.abc
 import multiprocessing.spawn
 import os
 import runpy
@@ -37,7 +41,8 @@ import types
 from tpu_fc import columns
 from tpu_fc import export as export_lib
 from tpu_fc import optimizers
-from tpu_fc import spec
+from tpu_fc import spec as spec_lib
+from tpu_fc._tf import TF_VERSION
 from tpu_fc._tf import tf
 
 _LEGACY_EMBEDDING_MODULE = 'tensorflow.python.tpu.tpu_embedding'
@@ -54,10 +59,24 @@ _SESSION_RUN_HOOK_NAMES = (
     'NanTensorHook', 'NanLossDuringTrainingError', 'GlobalStepWaiterHook',
     'FinalOpsHook', 'FeedFnHook', 'ProfilerHook', 'SecondOrStepTimer')
 
+# `tf.estimator`'s heads and their modules in `tpu_fc.estimator.head`, bound
+# where TF has no heads (TF >= 2.16; TF 2.15's namespace keeps its own).
+_HEADS = {'Head': 'base_head', 'BinaryClassHead': 'binary_class_head',
+          'MultiClassHead': 'multi_class_head',
+          'MultiLabelHead': 'multi_label_head',
+          'RegressionHead': 'regression_head',
+          'PoissonRegressionHead': 'regression_head',
+          'LogisticRegressionHead': 'regression_head',
+          'MultiHead': 'multi_head'}
+
 # (owner, attribute, had it, original value), in binding order.
 _bindings = []
 # (name, the module it replaced or None) of what install() put into sys.modules.
 _inserted_modules = []
+# The finder binding tensorflow-recommenders' layer name when TFRS is imported.
+_after_import = []
+# The module defining tensorflow-recommenders' `TPUEmbedding` layer.
+_TFRS_LAYER_MODULE = 'tensorflow_recommenders.layers.embedding.tpu_embedding_layer'
 # The namespaces under an API module's `estimator` that scripts import by path
 # (`inputs`: TF 1's API only).
 _ESTIMATOR_SUBMODULES = ('tpu', 'tpu.experimental', 'experimental', 'export',
@@ -132,7 +151,7 @@ def _estimator_namespace(name, original, v1):
   tpu_getter = _attribute_getter(original_getter, 'tpu')
   tpu_experimental = _Namespace(
       name + '.tpu.experimental',
-      {'EmbeddingConfigSpec': spec.EmbeddingConfigSpec},
+      {'EmbeddingConfigSpec': spec_lib.EmbeddingConfigSpec},
       _attribute_getter(tpu_getter, 'experimental'))
   tpu = _Namespace(name + '.tpu', dict(
       TPUEstimator=estimator.TPUEstimator,
@@ -160,6 +179,10 @@ def _estimator_namespace(name, original, v1):
           estimator.train_and_evaluate, original_getter),
       add_metrics=_for_tpu_fc_estimators(extenders.add_metrics,
                                          original_getter))
+  if TF_VERSION >= (2, 16):
+    names.update({head: getattr(importlib.import_module(
+        'tpu_fc.estimator.head.' + module), head)
+                  for head, module in _HEADS.items()})
   if v1:
     names['inputs'] = _Namespace(
         name + '.inputs', {}, _attribute_getter(original_getter, 'inputs'),
@@ -231,8 +254,8 @@ def _legacy_embedding_module():
                             'tpu_fc stand-in for the removed legacy module.')
   for cls in optimizers.ALL_OPTIMIZERS:
     setattr(module, cls.__name__, cls)
-  module.TableConfig = spec.TableConfig
-  module.FeatureConfig = spec.FeatureConfig
+  module.TableConfig = spec_lib.TableConfig
+  module.FeatureConfig = spec_lib.FeatureConfig
   return module
 
 
@@ -250,9 +273,13 @@ def install() -> None:
   doc), also importable by path (`import
   tensorflow.estimator.tpu`), and `tpu.experimental.embedding.TPUEmbedding`
   and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
-  and, where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
-  stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`.
-  Loads TensorFlow.
+  where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a
+  stand-in module with the `*Parameters`, `TableConfig` and `FeatureConfig`;
+  on TF >= 2.16 the heads in the estimator namespaces (`Head`,
+  `BinaryClassHead`, ..., `MultiHead`: `tpu_fc.estimator.head`); and
+  tensorflow-recommenders' `TPUEmbedding` layer, wherever TFRS's modules
+  hold it, to `tpu_fc.tfrs.TPUEmbedding`: now if TFRS is loaded, else when
+  it is imported.  Loads TensorFlow (not TFRS).
   """
   if _bindings:
     return
@@ -286,6 +313,55 @@ def install() -> None:
     module = _legacy_embedding_module()
     _bind(sys.modules['tensorflow.python.tpu'], 'tpu_embedding', module)
     _insert_module(_LEGACY_EMBEDDING_MODULE, module)
+  if _TFRS_LAYER_MODULE in sys.modules:
+    _bind_tfrs_layer()
+  else:  # TFRS, if installed, loads only when the script imports it
+    _after_import.append(_AfterImport(_TFRS_LAYER_MODULE, _bind_tfrs_layer))
+    sys.meta_path.insert(0, _after_import[-1])
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+  """Runs `then()` right after module `name` is first executed, before any
+  other module can import a name from it (its loader, found by the other
+  finders, is wrapped)."""
+
+  def __init__(self, name, then):
+    self._name = name
+    self._then = then
+
+  def find_spec(self, fullname, path, target=None):
+    if fullname != self._name:
+      return None
+    for finder in sys.meta_path:
+      spec = (None if finder is self or not hasattr(finder, 'find_spec')
+              else finder.find_spec(fullname, path, target))
+      if spec is not None and spec.loader is not None:
+        spec.loader = _ThenLoader(spec.loader, self._then)
+        return spec
+    return None
+
+
+class _ThenLoader(importlib.abc.Loader):
+  """`loader`, running `then()` after it executed a module."""
+
+  def __init__(self, loader, then):
+    self._loader = loader
+    self._then = then
+
+  def create_module(self, spec):
+    return self._loader.create_module(spec)
+
+  def exec_module(self, module):
+    self._loader.exec_module(module)
+    self._then()
+
+  def __getattr__(self, name):  # get_source, ... for tracebacks
+    return getattr(self._loader, name)
+
+
+def _bind_tfrs_layer():
+  from tpu_fc import tfrs  # pylint: disable=g-import-not-at-top  (imports TFRS)
+  tfrs.bind_layer_names()
 
 
 def _insert_module(name, module):
@@ -299,6 +375,11 @@ def _insert_module(name, module):
 def uninstall() -> None:
   """Restores every name `install()` bound, and the modules it put in
   `sys.modules`; without an `install()` before, changes nothing."""
+  while _after_import:
+    sys.meta_path.remove(_after_import.pop())
+  if _bindings and _TFRS_LAYER_MODULE in sys.modules:
+    from tpu_fc import tfrs  # pylint: disable=g-import-not-at-top
+    tfrs.unbind_layer_names()
   while _bindings:
     owner, name, had, original = _bindings.pop()
     if had:
@@ -343,6 +424,44 @@ def run_script(path, run_name):
     return runpy.run_path(script, run_name=run_name)
   with _children_bind_legacy_names(script):
     return runpy.run_path(script, run_name=run_name)
+
+
+def spec_from_reference(reference):
+  """`MODULE:ATTR` or `path/to/file.py:ATTR` -> the EmbeddingConfigSpec it names.
+
+  ATTR may be a spec or a zero-argument callable returning one.  The file or
+  module is loaded as `tpu-fc run` runs a script -- legacy names bound, its
+  folder on `sys.path` -- except that its `__main__` block does not run.
+  """
+  module_name, _, attribute = reference.rpartition(':')
+  if not module_name or not attribute:
+    raise ValueError('--spec must be MODULE:ATTR or FILE.py:ATTR, got {!r}.'.format(
+        reference))
+  with installed():
+    if module_name.endswith('.py'):
+      if not os.path.isfile(module_name):
+        raise ValueError('--spec {}: no such file {} (relative paths start at '
+                         '{}).'.format(reference, module_name, os.getcwd()))
+      namespace = run_script(module_name, run_name='__tpu_fc_spec__')
+    else:
+      if os.getcwd() not in sys.path:  # as `python -m` has it; `tpu-fc` not
+        sys.path.insert(0, os.getcwd())
+      try:
+        namespace = vars(importlib.import_module(module_name))
+      except ImportError as error:
+        raise ValueError('--spec {}: cannot import {} ({}; relative module '
+                         'paths start at {}).'.format(
+                             reference, module_name, error, os.getcwd())) from error
+    if attribute not in namespace:
+      raise ValueError('{} has no attribute {!r}.'.format(module_name,
+                                                          attribute))
+    spec = namespace[attribute]
+    if callable(spec) and not isinstance(spec, spec_lib.EmbeddingConfigSpec):
+      spec = spec()
+  if not isinstance(spec, spec_lib.EmbeddingConfigSpec):
+    raise ValueError('{} is a {}, not an EmbeddingConfigSpec.'.format(
+        reference, type(spec).__name__))
+  return spec
 
 
 # The script a `tpu-fc run` runs, for its multiprocessing children.

@@ -323,6 +323,11 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
         is not a tensor, or one of another shape than its activation.
     """
     del name
+    return self._apply_gradients(gradients, step=None)
+
+  @_not_autographed
+  def _apply_gradients(self, gradients, step):
+    """`apply_gradients` to the lookup `step` (None: the last `enqueue`'s)."""
     if not self._built:
       self._current_step('apply_gradients')  # (raises TF's error)
     tf.nest.assert_same_structure(self._feature_config, gradients)
@@ -331,7 +336,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       if gradient is not None and not isinstance(gradient, tf.Tensor):
         raise ValueError('found non-tensor type: {} at path {}.'.format(
             type(gradient), path))
-    step = self._current_step('apply_gradients')
+    step = self._current_step('apply_gradients', step)
     if not step.training:
       raise RuntimeError('apply_gradients called after enqueue(training=False):'
                          ' enqueue the step with training=True to train it.')
@@ -369,20 +374,43 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       self._engine.flush_op()  # (applies what is parked, if anything)
     return super()._trackable_children(*args, **kwargs)
 
-  def _current_step(self, method):
+  def _current_step(self, method, step=None):
+    """`step` (None: the last `enqueue`'s), if `method` may use it here."""
     if not self._built:
       raise RuntimeError(
           '{} called on unbuilt TPUEmbedding object. Please either call '
           'enqueue first or manually call the build method.'.format(method))
-    if self._step is None:
+    step = step or self._step
+    if step is None:
       raise RuntimeError('{} called before enqueue: enqueue the step\'s '
                          'features first.'.format(method))
-    if self._step.graph is not _graph():
+    if step.graph is not _graph():
       raise RuntimeError(
           '{} must run where enqueue ran (both eagerly, or in one '
           'tf.function): tpu_fc looks up on the host, with no TPU queue '
           'between functions.'.format(method))
-    return self._step
+    return step
+
+  @_not_autographed
+  def _lookup_for_layer(self, features, weights, trap):
+    """`enqueue` and `dequeue` of one call of a Keras layer, which may look up
+    more than once a step: the activations, through a gradient trap on
+    `trap` (the value of a trainable variable of the layer) whose gradient
+    applies theirs to this lookup, as `apply_gradients` does, and is zero
+    (TFRS's and keras-rs's TPU path)."""
+    self.enqueue(features, weights, training=True)
+    step = self._current_step('dequeue')
+    activations = self.dequeue()
+
+    @tf.custom_gradient
+    def gradient_trap(trap):
+      def gradient(*activation_gradients):
+        self._apply_gradients(self._like_config(list(activation_gradients)),
+                              step=step)
+        return tf.zeros_like(trap)
+      return tf.nest.flatten(activations), gradient
+
+    return self._like_config(gradient_trap(trap))
 
 
 class _Step:
@@ -439,7 +467,8 @@ class TPUEmbeddingV0(internals.TFTPUEmbeddingV0):
     self._built = False
 
 
-def _under_tpu_strategy():
+def under_tpu_strategy():
+  """Whether the current strategy is a `TPUStrategy` (TF's classes run there)."""
   return isinstance(tf.distribute.get_strategy(),
                     (tf.distribute.TPUStrategy,
                      tf.distribute.experimental.TPUStrategy))
@@ -459,7 +488,7 @@ class _OutsideTPUStrategy(type):
                            lambda body: body.update(namespace))
 
   def _target(cls):
-    return cls.tf_class if _under_tpu_strategy() else cls.tpu_fc_class
+    return cls.tf_class if under_tpu_strategy() else cls.tpu_fc_class
 
   def __call__(cls, *args, **kwargs):
     return cls._target()(*args, **kwargs)

@@ -3,7 +3,9 @@
 Checkpoint compatibility rests on these rules; every module that names, finds
 or converts an embedding table asks here.
 
-- A column's table is `tbl_<embedding var name>` in the spec (TF's table name).
+- A column's table is `tbl_<embedding var name>` in the spec (TF's table name);
+  the embedding var name is the categorical column's name, or a shared
+  collection's.
 - Its variable is `<scope>/<layer>/<column>/embedding_weights` (a shared
   collection's: the collection's name), on the CPU path and, as the columns
   record it while the model_fn runs, on the emulated TPU (`COLUMN_SCOPES`).
@@ -57,10 +59,28 @@ def tf_tpu_layer_table_name(name):
   return '/'.join(parts[:table - 2] + parts[table:])
 
 
+def _below_any_scope(name, suffix):
+  return name == suffix or name.endswith('/' + suffix)
+
+
 def is_column_variable(name, column):
   """Whether variable `name` (under any enclosing scope) is `column`'s table."""
-  suffix = column_variable(column)
-  return name == suffix or name.endswith('/' + suffix)
+  return _below_any_scope(name, column_variable(column))
+
+
+def is_table_variable(name, table_name):
+  """Whether variable `name` can be the table `table_name` of a spec (or of
+  `spec.to_mid_level()`) whose columns are not at hand: the table's own name,
+  and for a column's `tbl_<embedding var name>` its column's table
+  (`<var name>_embedding/embedding_weights`) or its shared collection's
+  (`<var name>`), under any enclosing scope."""
+  if name == table_name:
+    return True
+  if not table_name.startswith(TABLE_PREFIX):
+    return False
+  var_name = table_name[len(TABLE_PREFIX):]
+  return any(_below_any_scope(name, suffix) for suffix in (
+      '{}_embedding/{}'.format(var_name, COLUMN_TABLE), var_name))
 
 
 def default_legacy_table_name(column):

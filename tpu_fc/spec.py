@@ -550,6 +550,99 @@ class EmbeddingConfigSpec(collections.namedtuple('EmbeddingConfigSpec', [
         gradient_multiplier=(None if multiplier_fn is None else
                              GlobalStepFunction(multiplier_fn, global_step)))
 
+  def to_keras_rs(self, batch_size: int | None = None,
+                  global_step: Any = None) -> dict[str, Any]:
+    """The spec as keras-rs configs, for `tpu_fc.keras_rs.DistributedEmbedding`.
+
+    Tables are named as `to_mid_level()` names them, one `TableConfig` per
+    table (shared ones too), with its vocabulary, dimension, initializer,
+    combiner ('sum' for a dict table's `combiner=None`), placement 'auto' and
+    its optimizer as the Keras 3 optimizer keras-rs converts to the TPU's
+    (SGD, Adagrad, Adam, FTRL; weight decay as `weight_decay`, symmetric
+    gradient clipping as `clipvalue`, a table's `learning_rate_fn` as a
+    callable learning rate).  A feature's `input_shape` is `(batch_size,
+    None)`, its `output_shape` `(batch_size, dimension)`; a sequence feature
+    (`max_sequence_length` N) has `(batch_size, N)` and `(batch_size, N,
+    dimension)`: fed a RaggedTensor, each example's first N ids are looked up
+    (TF's TPU rule for such an output shape), as the legacy sequence column
+    did.  What keras-rs cannot carry is refused (docs/keras_rs.md lists it);
+    `clipping_limit`, `partition_strategy` and `profile_data_directory` change
+    no number and are left behind.
+
+    Args:
+      batch_size: the batch of the layer's input (keras-rs's shapes are the
+        global batch's); None: any, except for sequence features, which need
+        it.
+      global_step: the step variable the tables' `learning_rate_fn`s read
+        when the gradients are computed (under `model.fit`: the model
+        optimizer's `iterations`, which counts the steps before; needed if a
+        table has a `learning_rate_fn`).
+
+    Returns:
+      {feature name: `keras_rs.layers.FeatureConfig`}.
+
+    Raises:
+      ValueError: what keras-rs cannot carry, naming the table (or feature)
+        and the field: an optimizer other than SGD, Adagrad, Adam and FTRL,
+        `use_gradient_accumulation=False`, `clip_weight_min` / `max`,
+        asymmetric gradient clipping,
+        `multiply_weight_decay_factor_by_learning_rate`, Adam's
+        `lazy_adam=False` or `sum_inside_sqrt=False`, FTRL's
+        `multiply_linear_by_learning_rate`, `allow_zero_accumulator` or
+        `initial_accumulator_value=0`, a table's `quantization_config`,
+        `experimental_gradient_multiplier_fn`,
+        `pipeline_execution_with_tensor_core=True` (a layer argument),
+        tensor-core columns; a sequence feature without `batch_size`, a
+        `learning_rate_fn` without `global_step`; and `to_mid_level`'s checks
+        of the spec.
+      TypeError: `to_mid_level`'s.
+      ImportError: keras-rs is not installed (it needs Python >= 3.11).
+    """
+    import keras_rs  # pylint: disable=g-import-not-at-top  (Keras 3: only here)
+    _check_keras_rs_carries_the_spec(self)
+    layout = self.embedding_layout()
+    tables = {}
+    for table in layout.tables:
+      if table.quantization is not None:
+        raise _keras_rs_refusal('Table ' + table.name, 'quantization_config',
+                                table.quantization,
+                                'keras-rs tables have no quantization')
+      if (table.learning_rate_fn is not None and not table.learning_rate and
+          global_step is None):
+        raise ValueError(
+            'Table {}: its learning_rate_fn reads the global step, which '
+            'nothing counts in keras-rs: pass to_keras_rs(global_step=...), the '
+            'counter your training increments (under model.fit the model '
+            'optimizer\'s iterations).'.format(table.name))
+      parameters = table.optimizer or self.optimization_parameters
+      learning_rate = table_learning_rate(table, global_step)
+      tables[table.name] = keras_rs.layers.TableConfig(
+          name=table.name, vocabulary_size=table.vocabulary_size,
+          embedding_dim=table.dimension,
+          initializer=_keras_initializer(table.initializer),
+          optimizer=_keras_optimizer(
+              table.name, parameters, parameters.learning_rate
+              if learning_rate is None else learning_rate),
+          combiner=table.combiner or 'sum', placement='auto')
+    configs = {}
+    for feature in layout.features:
+      dimension = tables[feature.table].embedding_dim
+      if feature.is_sequence and batch_size is None:
+        raise ValueError(
+            'Feature {}: max_sequence_length={} needs the batch size in '
+            'keras-rs, whose output shape [batch, {}, {}] reads a RaggedTensor '
+            'as a sequence per example only against a known batch: pass '
+            'to_keras_rs(batch_size=...).'.format(
+                feature.name, feature.max_sequence_length,
+                feature.max_sequence_length, dimension))
+      positions = ((feature.max_sequence_length,) if feature.is_sequence
+                   else ())
+      configs[feature.name] = keras_rs.layers.FeatureConfig(
+          name=feature.name, table=tables[feature.table],
+          input_shape=(batch_size,) + (positions or (None,)),
+          output_shape=(batch_size,) + positions + (dimension,))
+    return configs
+
 
 class GlobalStepFunction:
   """A legacy `function(global_step)` (a `learning_rate_fn`, the gradient
@@ -663,14 +756,23 @@ class MidLevelConfig:
     return inputs, weights
 
 
+def table_learning_rate(table: TableSpec, global_step: Any = None) -> Any:
+  """A table's own learning rate by the legacy precedence: a truthy
+  `learning_rate`, else `learning_rate_fn(global_step)` as a zero-argument
+  callable (`GlobalStepFunction`); None: its optimizer's."""
+  if table.learning_rate:
+    return table.learning_rate
+  if table.learning_rate_fn is not None:
+    return GlobalStepFunction(table.learning_rate_fn, global_step)
+  return None
+
+
 def _mid_level_optimizer(table, default_parameters, global_step):
   """Per-table mid-level optimizer, honouring the legacy learning-rate precedence."""
-  parameters = table.optimizer or default_parameters
-  if table.learning_rate:
-    return parameters.to_mid_level(learning_rate=table.learning_rate)
-  if table.learning_rate_fn is not None:
-    return parameters.to_mid_level(learning_rate=GlobalStepFunction(
-        table.learning_rate_fn, global_step))
+  learning_rate = table_learning_rate(table, global_step)
+  if learning_rate is not None:
+    return (table.optimizer or default_parameters).to_mid_level(
+        learning_rate=learning_rate)
   if table.optimizer is not None:
     return table.optimizer.to_mid_level()
   return None
@@ -694,6 +796,129 @@ def _mid_level_features(layout, tables):
           table=tables[feature.table],
           max_sequence_length=feature.max_sequence_length, name=feature.name)
       for feature in layout.features}
+
+
+# keras-rs (`EmbeddingConfigSpec.to_keras_rs`) ------------------------------------
+
+# What keras-rs cannot carry of the legacy optimizers: (field, whether a value
+# is lost, why and what to do).  keras-rs builds a table's TPU optimizer from a
+# Keras optimizer's learning rate, `weight_decay`, `clipvalue` and the fields
+# its `config_conversion` maps; the TPU optimizer's defaults fill the rest.
+_KERAS_RS_LOSSES = (
+    ('use_gradient_accumulation', lambda value: not value,
+     'keras-rs always sums a step\'s gradients of a row, from every core, into '
+     'one update (its TPU optimizers\' default); set it True, which on one '
+     'core changes nothing'),
+    ('clip_weight_min', lambda value: value is not None,
+     'Keras optimizers have no weight clipping; drop it'),
+    ('clip_weight_max', lambda value: value is not None,
+     'Keras optimizers have no weight clipping; drop it'),
+    ('multiply_weight_decay_factor_by_learning_rate', bool,
+     'keras-rs passes a Keras weight_decay as the TPU\'s weight_decay_factor, '
+     'never multiplied by the learning rate; multiply the factor by a '
+     'constant learning rate yourself, or drop it'),
+)
+_KERAS_RS_OPTIMIZER_LOSSES = {
+    optimizers.AdamParameters: (
+        ('lazy_adam', lambda value: not value,
+         'keras-rs builds the TPU\'s lazy Adam (only looked-up rows move); '
+         'set it True'),
+        ('sum_inside_sqrt', lambda value: not value,
+         'keras-rs builds the TPU\'s Adam with sum_inside_sqrt=True '
+         '(sqrt(v + epsilon**2)); set it True')),
+    optimizers.FtrlParameters: (
+        ('multiply_linear_by_learning_rate', bool,
+         'keras-rs builds the TPU\'s FTRL without it; set it False'),
+        ('allow_zero_accumulator', bool,
+         'keras-rs builds the TPU\'s FTRL without it; set it False'),
+        ('initial_accumulator_value', lambda value: value <= 0,
+         'the TPU\'s FTRL needs accumulators > 0; start them at a small '
+         'positive value, e.g. 1e-6')),
+}
+_KERAS_RS_OPTIMIZERS = (optimizers.StochasticGradientDescentParameters,
+                        optimizers.AdagradParameters, optimizers.AdamParameters,
+                        optimizers.FtrlParameters)
+
+
+def _keras_rs_refusal(what, field, value, why):
+  return ValueError('{}: {}={!r} cannot be carried to keras-rs: {}.'.format(
+      what, field, value, why))
+
+
+def _check_keras_rs_carries_the_spec(spec):
+  """Refuses the spec's settings keras-rs has no place for."""
+  if spec.experimental_gradient_multiplier_fn is not None:
+    raise _keras_rs_refusal(
+        'Every table', 'experimental_gradient_multiplier_fn',
+        spec.experimental_gradient_multiplier_fn,
+        'keras-rs has no gradient multiplier; scale the loss instead if it is '
+        'constant, or stay on tpu_fc.mid_level (MidLevelConfig.scale_gradients)')
+  if spec.pipeline_execution_with_tensor_core:
+    raise _keras_rs_refusal(
+        'Every table', 'pipeline_execution_with_tensor_core', True,
+        'it is an argument of the layer, not of its FeatureConfigs; convert '
+        'spec._replace(pipeline_execution_with_tensor_core=False) and pass '
+        'DistributedEmbedding(..., pipeline_execution_with_tensor_core=True)')
+  for feature in spec.tensor_core_layout().features:
+    raise _keras_rs_refusal(
+        'Feature ' + feature.name, 'embedding_lookup_device', 'tpu_tensor_core',
+        'its keras-rs counterpart is a TableConfig with placement='
+        '\'default_device\', trained by the model\'s optimizer as the tensor '
+        'core\'s tables were; write that TableConfig yourself')
+
+
+def _keras_optimizer(table, parameters, learning_rate):
+  """The Keras 3 optimizer keras-rs converts to the TPU optimizer of
+  `parameters` (tpu_fc's) with `learning_rate`; refused (naming `table` and
+  the field) where keras-rs cannot carry it."""
+  import keras  # pylint: disable=g-import-not-at-top  (Keras 3: only here)
+  what = 'Table ' + table
+  if not isinstance(parameters, _KERAS_RS_OPTIMIZERS):
+    raise _keras_rs_refusal(
+        what, 'optimization_parameters', parameters,
+        'keras-rs trains tables with SGD, Adagrad, Adam and FTRL only (as Keras '
+        'optimizers); choose one of those, or keep the table on '
+        'tpu_fc.TPUEstimator or tpu_fc.mid_level')
+  for field, lost, why in _KERAS_RS_LOSSES + _KERAS_RS_OPTIMIZER_LOSSES.get(
+      type(parameters), ()):
+    if lost(getattr(parameters, field)):
+      raise _keras_rs_refusal(what, field, getattr(parameters, field), why)
+  low, high = parameters.clip_gradient_min, parameters.clip_gradient_max
+  if (low, high) != (None, None) and (high is None or low != -high):
+    raise _keras_rs_refusal(
+        what, 'clip_gradient_min, clip_gradient_max', (low, high),
+        'keras-rs passes a Keras clipvalue c as the TPU\'s gradient clipping '
+        'to [-c, c]; make the bounds symmetric')
+  common = dict(
+      learning_rate=(learning_rate if callable(learning_rate)
+                     else float(learning_rate)),  # (Keras takes no int)
+      weight_decay=parameters.weight_decay_factor, clipvalue=high)
+  if isinstance(parameters, optimizers.AdagradParameters):
+    return keras.optimizers.Adagrad(
+        initial_accumulator_value=parameters.initial_accumulator, **common)
+  if isinstance(parameters, optimizers.AdamParameters):
+    return keras.optimizers.Adam(beta_1=parameters.beta1,
+                                 beta_2=parameters.beta2,
+                                 epsilon=parameters.epsilon, **common)
+  if isinstance(parameters, optimizers.FtrlParameters):
+    return keras.optimizers.Ftrl(
+        learning_rate_power=parameters.learning_rate_power,
+        initial_accumulator_value=parameters.initial_accumulator_value,
+        l1_regularization_strength=parameters.l1_regularization_strength,
+        l2_regularization_strength=parameters.l2_regularization_strength,
+        beta=parameters.beta, **common)
+  return keras.optimizers.SGD(**common)
+
+
+def _keras_initializer(initializer):
+  """TF's truncated normal (the legacy default) as Keras' of the same mean,
+  standard deviation and seed, which `model.save` writes and reads back;
+  another initializer as given."""
+  import keras  # pylint: disable=g-import-not-at-top  (Keras 3: only here)
+  if not isinstance(initializer, tf.compat.v1.truncated_normal_initializer):
+    return initializer
+  return keras.initializers.TruncatedNormal(
+      mean=initializer.mean, stddev=initializer.stddev, seed=initializer.seed)
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,6 +7,8 @@ estimators, with the reference oracle they are checked against.
 * `oracle`: `tpu_fc.reference` stepped with its float32 error bound
   (`ReferenceSteps`), the wrong rules that bound must reject, and the expected
   tables of the harness's models;
+* `checkpoints`: a legacy checkpoint's model (spec, model_fn, input_fn,
+  training) and a checkpoint's values by name;
 * `lanes`: which TensorFlow lane runs, and TF 2.15's own classes on the legacy
   lane (tests running them carry the `legacy_only` marker);
 * `scripts`: running a Python process (tests doing so carry the `subprocess`

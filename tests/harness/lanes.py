@@ -20,9 +20,11 @@ if LEGACY:
   # pylint: disable=g-import-not-at-top,unused-import
   from tensorflow.python.tpu import tpu_embedding as tf_tpu_embedding
   from tensorflow_estimator.python.estimator.tpu import _tpu_estimator_embedding as tf_estimator_embedding
+  # train_and_evaluate's private executor, whose API tpu_fc's keeps.
+  from tensorflow_estimator.python.estimator import training as tf_training
   # pylint: enable=g-import-not-at-top,unused-import
 else:
-  tf_tpu_embedding = tf_estimator_embedding = None
+  tf_tpu_embedding = tf_estimator_embedding = tf_training = None
 
 
 # TPUEstimator and what it takes (tpu_fc's names; TF 2.15 keeps them in

@@ -66,6 +66,36 @@ def contract_model_fn(model_optimizer, driver=tpu_fc, squared=False,
 
 # The emulated TPU's user model: a legacy model_fn whose loss is linear in the
 # activations of `inputs.Feature`s, plus a bias trained by the model's SGD.
+def rate_fn(step):
+  """A `learning_rate_fn` of the global step."""
+  return 0.5 / (1.0 + tf.cast(step, tf.float32))
+
+
+def spec_columns(tensor_core=True):
+  """A spec's worth of columns: plain (with `rate_fn`), weighted, shared,
+  sequence and, with `tensor_core`, a tensor-core one."""
+  fc = tf.feature_column
+  plain = tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('a', 10), 4, combiner='sum',
+      learning_rate_fn=rate_fn)
+  weighted = tpu_fc.embedding_column(
+      fc.weighted_categorical_column(
+          fc.categorical_column_with_identity('d', 7), 'd_weight'), 3,
+      combiner='sqrtn')
+  shared = tpu_fc.shared_embedding_columns(
+      [fc.categorical_column_with_identity('c', 6),
+       fc.categorical_column_with_identity('b', 6)], 2)
+  sequence = tpu_fc.embedding_column(
+      fc.sequence_categorical_column_with_identity('s', 5), 2,
+      max_sequence_length=3)
+  columns = [plain, weighted, sequence] + shared
+  if tensor_core:
+    columns.append(tpu_fc.embedding_column(
+        fc.categorical_column_with_identity('t', 8), 2,
+        embedding_lookup_device='tpu_tensor_core', tensor_core_shape=[None, 3]))
+  return columns
+
+
 MODEL_LR = 0.5  # the model_fn's own optimizer (bias, tensor core)
 BIAS0 = 0.25
 

@@ -35,20 +35,39 @@ def is_parameter_server_cluster(config):
 
 
 def server(config):
-  """This task's `tf.distribute.Server`, started on first use (one per process)."""
-  key = (config.task_type, config.task_id,
+  """This task's server, created and started as Estimator's `train_and_evaluate`
+  did; one per task and process.
+
+  A TF server cannot be stopped and holds its port for the life of the
+  process, so `train_and_evaluate`, `Estimator.train` and later runs of a task
+  share its first one (tasks run as threads of one process each have theirs).
+  `server_lib.Server` is looked up on each call, as TF's training looks it up:
+  a replacement of it (TF's tests patch it) makes servers of its own.
+  """
+  server_class = internals.server_lib.Server
+  key = (server_class, config.task_type, config.task_id,
          repr(sorted(config.cluster_spec.as_dict().items())))
   with _servers_lock:
     if key not in _servers:
       tf.compat.v1.logging.info(
           'Starting the TensorFlow server of %s task %d.', config.task_type,
           config.task_id)
-      _servers[key] = tf.distribute.Server(
+      _servers[key] = server_class(
           config.cluster_spec, job_name=config.task_type,
-          task_index=config.task_id, protocol=config.protocol,
-          config=tf.compat.v1.ConfigProto(log_device_placement=False),
-          start=True)
+          task_index=config.task_id, config=_server_config(config),
+          start=False, protocol=config.protocol)
+      _servers[key].start()
     return _servers[key]
+
+
+def _server_config(config):
+  """The server's own session config, as TF's: of `config.session_config`
+  only the GPU options, which the server creates its devices with."""
+  if config.session_config is None:
+    return tf.compat.v1.ConfigProto(log_device_placement=False)
+  return tf.compat.v1.ConfigProto(
+      log_device_placement=False,
+      gpu_options=config.session_config.gpu_options)
 
 
 def join(config):

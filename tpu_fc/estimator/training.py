@@ -27,6 +27,7 @@ import os
 import time
 from typing import Any, Callable, Iterable
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import exporters as exporter_lib
@@ -204,6 +205,15 @@ def _as_spec(spec, spec_class, error):
   raise TypeError(error.format(type(spec)))
 
 
+_EVAL_SPEC_ERROR = '`eval_spec` must have type `tf.estimator.EvalSpec`. Got: {}'
+
+
+def _assert_eval_spec(eval_spec):
+  """TF's error where a task needs the `EvalSpec` the executor may lack."""
+  if not isinstance(eval_spec, EvalSpec):
+    raise TypeError(_EVAL_SPEC_ERROR.format(type(eval_spec)))
+
+
 def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
                        eval_spec: EvalSpec) -> tuple[Any, Any] | None:
   """Trains, evaluates and exports `estimator` (a `TPUEstimator`) as TF 2.15 did.
@@ -222,17 +232,18 @@ def train_and_evaluate(estimator: Any, train_spec: TrainSpec,
     already reached `max_steps`); None on the tasks of a cluster.
 
   Raises:
-    TypeError: `estimator` is not tpu_fc's, or a spec of another type.
-    ValueError: an `evaluator` task with an id other than 0, or in a cluster
-      a task type that is missing, `local` or unknown.
+    TypeError: `estimator` is not tpu_fc's, a spec of another type, or
+      `estimator.evaluate` returned no dict.
+    ValueError: an `evaluator` task with an id other than 0; in a cluster
+      a task type that is missing, `local` or unknown; `estimator.evaluate`
+      returned no metrics or no `global_step`.
     RuntimeError: locally, no new checkpoint to evaluate at the end of
       training; in a cluster, no master or cluster to start this task's
       server with.
   """
-  eval_spec = _as_spec(
-      eval_spec, EvalSpec,
-      '`eval_spec` must have type `tf.estimator.EvalSpec`. Got: {}')
-  executor = _TrainingExecutor(estimator, train_spec, eval_spec)
+  eval_spec = _as_spec(eval_spec, EvalSpec, _EVAL_SPEC_ERROR)
+  executor = _TrainingExecutor(
+      estimator=estimator, train_spec=train_spec, eval_spec=eval_spec)
   config = estimator.config
   if config.task_type == 'evaluator' and config.task_id > 0:
     raise ValueError(
@@ -248,9 +259,40 @@ class _EvalStatus(object):
   NO_NEW_CHECKPOINT = 'no new checkpoint'
 
 
-_EvalResult = collections.namedtuple('EvalResult',
-                                     ['status', 'metrics', 'checkpoint_path'])
-_EvalResult.__new__.__defaults__ = (None, None)
+class _EvalResult(
+    collections.namedtuple('EvalResult',
+                           ['status', 'metrics', 'checkpoint_path'])):
+  """One evaluation attempt; an evaluated one's metrics checked as TF checks
+  what `evaluate` returned, before an exporter or listener sees them."""
+
+  def __new__(cls, status, metrics=None, checkpoint_path=None):
+    if status == _EvalStatus.EVALUATED:
+      if not metrics:
+        raise ValueError('Internal error: `Estimator.evaluate` should never '
+                         'return empty metrics.')
+      if not isinstance(metrics, dict):
+        raise TypeError('`Estimator.evaluate` should return dict. Given '
+                        '{}.'.format(type(metrics)))
+      if _GLOBAL_STEP not in metrics:
+        raise ValueError(
+            'Internal error: `Estimator.evaluate` result should have '
+            '`global_step` in result. Given {}'.format(metrics))
+    return super(_EvalResult, cls).__new__(cls, status, metrics,
+                                           checkpoint_path)
+
+
+class _ContinuousEvalListener(object):
+  """Asked before and after each evaluation (TF's private hook of the same
+  name): False from either stops evaluating, and locally training too."""
+
+  def before_eval(self):
+    """False: skip this evaluation and stop."""
+    return True
+
+  def after_eval(self, eval_result):
+    """False: stop after this `_EvalResult`."""
+    del eval_result
+    return True
 
 
 class _Evaluator(object):
@@ -311,15 +353,21 @@ class _Evaluator(object):
 
 class _NewCheckpointListenerForEvaluate(
     tf.compat.v1.train.CheckpointSaverListener):
-  """Evaluates new checkpoints during training, at most every `throttle_secs`."""
+  """Evaluates new checkpoints during training, at most every `throttle_secs`.
 
-  def __init__(self, evaluator, eval_throttle_secs):
+  Its `after_save` returns True, which stops training, when the
+  `_ContinuousEvalListener` stops evaluating.
+  """
+
+  def __init__(self, evaluator, eval_throttle_secs, continuous_eval_listener):
     self._evaluator = evaluator
     self._eval_throttle_secs = eval_throttle_secs
+    self._continuous_eval_listener = continuous_eval_listener
     self.eval_result, self.export_results = None, None
 
   def begin(self):
-    self._timer = tf.compat.v1.train.SecondOrStepTimer(
+    # Looked up where TF's training looks it up (TF's tests replace it there).
+    self._timer = internals.basic_session_run_hooks.SecondOrStepTimer(
         every_secs=self._eval_throttle_secs)
     self._is_first_run = True
 
@@ -327,52 +375,78 @@ class _NewCheckpointListenerForEvaluate(
     del session
     if self._is_first_run:  # the checkpoint of the untrained (or restored) model
       self._is_first_run = False
-      return
-    if self._timer.should_trigger_for_step(global_step_value):
-      self._evaluate(global_step_value)
-    else:
+      return False
+    if not self._continuous_eval_listener.before_eval():
+      tf.compat.v1.logging.info(
+          'Exiting training and evaluation loop, as requested by '
+          '_ContinuousEvalListener.before_eval.')
+      return True
+    if not self._timer.should_trigger_for_step(global_step_value):
       tf.compat.v1.logging.info(
           'Skip the current checkpoint eval due to throttle secs '
           '({} secs).'.format(self._eval_throttle_secs))
+      return False
+    self._evaluate(global_step_value)
+    if not self._continuous_eval_listener.after_eval(self.eval_result):
+      tf.compat.v1.logging.info('Exiting evaluation, as requested by '
+                                '_ContinuousEvalListener.after_eval.')
+      return True
+    return False
 
   def end(self, session, global_step_value):
     del session
-    if global_step_value != self._timer.last_triggered_step():
+    if (global_step_value != self._timer.last_triggered_step() and
+        self._continuous_eval_listener.before_eval()):
       self._evaluate(global_step_value)
+      self._continuous_eval_listener.after_eval(self.eval_result)
 
   def _evaluate(self, global_step_value):
     self._timer.update_last_triggered_step(global_step_value)
-    eval_result, self.export_results = self._evaluator.evaluate_and_export()
-    if eval_result.status != _EvalStatus.EVALUATED:
+    self.eval_result, self.export_results = (
+        self._evaluator.evaluate_and_export())
+    if self.eval_result.status != _EvalStatus.EVALUATED:
       raise RuntimeError('There was no new checkpoint after the training. '
-                         'Eval status: {}'.format(eval_result.status))
-    self.eval_result = eval_result
+                         'Eval status: {}'.format(self.eval_result.status))
 
 
 class _TrainingExecutor(object):
-  """Runs this task's part of `train_and_evaluate`, chosen by `config.task_type`."""
+  """Runs this task's part of `train_and_evaluate`: its `run_<task type>`.
 
-  def __init__(self, estimator, train_spec, eval_spec):
+  TF's private class, with its constructor and methods: `run` looks the
+  task's method up when it runs, so one replaced on an executor (as TF's
+  tests do) is the one that runs; `train_hooks` join every training's hooks.
+  """
+
+  def __init__(self, estimator, train_spec, eval_spec, train_hooks=None,
+               continuous_eval_listener=None):
     check_estimator(estimator)
     self._estimator = estimator
     self._train_spec = _as_spec(
         train_spec, TrainSpec,
         '`train_spec` must have type `tf.estimator.TrainSpec`. Got: {}')
+    if eval_spec:  # else the tasks that evaluate raise (`_assert_eval_spec`)
+      eval_spec = _as_spec(
+          eval_spec, EvalSpec, '`eval_spec` must be either `None` or have '
+          'type `tf.estimator.EvalSpec`. Got: {}')
     self._eval_spec = eval_spec
-    self._runners = {
-        'chief': self._run_chief,
-        'evaluator': self._run_evaluator,
-        'master': self._run_master,
-        'ps': self._run_ps,
-        'worker': self._run_worker,
-    }
+    self._train_hooks = _validate_hooks(train_hooks)
+    if (continuous_eval_listener and
+        not isinstance(continuous_eval_listener, _ContinuousEvalListener)):
+      raise TypeError('`continuous_eval_listener` must have type '
+                      '`_ContinuousEvalListener`.')
+    self._continuous_eval_listener = (
+        continuous_eval_listener or _ContinuousEvalListener())
+
+  @property
+  def estimator(self):
+    return self._estimator
 
   def run(self):
     config = self._estimator.config
     if not config.cluster_spec and config.task_type != 'evaluator':
       tf.compat.v1.logging.info(
           'Running training and evaluation locally (non-distributed).')
-      return self._run_local()
+      return self.run_local()
     if not config.task_type:
       raise ValueError(
           '`estimator.config` must have task_type set. This usually means '
@@ -382,20 +456,33 @@ class _TrainingExecutor(object):
           '`task.type` in TF_CONFIG cannot be `local`. Leaving `cluster` and '
           '`task` properties in TF_CONFIG absent triggers train and evaluate '
           '`Estimator` locally (non-distributed).')
-    if config.task_type not in self._runners:
+    tasks = [name[len('run_'):] for name in dir(self)
+             if name.startswith('run_') and name != 'run_local' and
+             callable(getattr(self, name))]
+    if config.task_type not in tasks:
       raise ValueError(
           'Task type {} is not supported. Supported task types are {}'.format(
-              config.task_type, list(self._runners)))
-    self._runners[config.task_type]()
+              config.task_type, tasks))
+    getattr(self, 'run_' + config.task_type)()
     return None
 
-  def _evaluating_listener(self):
+  def _evaluating_listener(self, continuous_eval_listener):
     evaluator = _Evaluator(self._estimator, self._eval_spec,
                            self._train_spec.max_steps)
-    return _NewCheckpointListenerForEvaluate(evaluator,
-                                             self._eval_spec.throttle_secs)
+    return _NewCheckpointListenerForEvaluate(
+        evaluator, self._eval_spec.throttle_secs, continuous_eval_listener)
 
-  def _run_local(self):
+  def _train(self, saving_listeners):
+    self._estimator.train(
+        input_fn=self._train_spec.input_fn,
+        max_steps=self._train_spec.max_steps,
+        hooks=list(self._train_spec.hooks) + list(self._train_hooks),
+        saving_listeners=saving_listeners)
+
+  def run_local(self):
+    """Trains, evaluating each new checkpoint; returns the last evaluation's
+    (metrics, export results)."""
+    _assert_eval_spec(self._eval_spec)
     tf.compat.v1.logging.info(
         'Start train and evaluate loop. The evaluate will happen '
         'after every checkpoint. Checkpoint frequency is determined '
@@ -403,27 +490,25 @@ class _TrainingExecutor(object):
         'save_checkpoints_secs {}.'.format(
             self._estimator.config.save_checkpoints_steps,
             self._estimator.config.save_checkpoints_secs))
-    listener = self._evaluating_listener()
-    self._estimator.train(
-        input_fn=self._train_spec.input_fn,
-        max_steps=self._train_spec.max_steps,
-        hooks=list(self._train_spec.hooks),
-        saving_listeners=self._train_spec.saving_listeners + (listener,))
+    listener = self._evaluating_listener(self._continuous_eval_listener)
+    self._train(self._train_spec.saving_listeners + (listener,))
     metrics = listener.eval_result.metrics if listener.eval_result else None
     return metrics, listener.export_results
 
-  def _run_chief(self):
+  def run_chief(self):
     self._train_in_cluster(self._train_spec.saving_listeners)
 
-  def _run_worker(self):
+  def run_worker(self):
     self._train_in_cluster(())
 
-  def _run_master(self):
+  def run_master(self):
     """The legacy layout's chief: trains, and evaluates as in local mode."""
-    self._train_in_cluster(self._train_spec.saving_listeners +
-                           (self._evaluating_listener(),))
+    _assert_eval_spec(self._eval_spec)
+    self._train_in_cluster(
+        self._train_spec.saving_listeners +
+        (self._evaluating_listener(_ContinuousEvalListener()),))
 
-  def _run_ps(self):
+  def run_ps(self):
     _start_std_server(self._estimator.config).join()
 
   def _train_in_cluster(self, saving_listeners):
@@ -444,13 +529,13 @@ class _TrainingExecutor(object):
         tf.compat.v1.logging.info('Waiting %d secs before starting training.',
                                   start_delay_secs)
         time.sleep(start_delay_secs)
-    self._estimator.train(
-        input_fn=self._train_spec.input_fn,
-        max_steps=self._train_spec.max_steps,
-        hooks=list(self._train_spec.hooks), saving_listeners=saving_listeners)
+    self._train(saving_listeners)
 
-  def _run_evaluator(self):
-    """Evaluates each new checkpoint until one has reached max_steps."""
+  def run_evaluator(self):
+    """Evaluates each new checkpoint until one has reached max_steps (or the
+    continuous-eval listener stops it), each pass at least `throttle_secs`
+    long (the last one too, as in TF)."""
+    _assert_eval_spec(self._eval_spec)
     start_delay_secs = self._eval_spec.start_delay_secs
     if start_delay_secs:
       tf.compat.v1.logging.info('Waiting %f secs before starting eval.',
@@ -459,9 +544,19 @@ class _TrainingExecutor(object):
     evaluator = _Evaluator(self._estimator, self._eval_spec,
                            self._train_spec.max_steps)
     max_steps = self._train_spec.max_steps
+    listener = self._continuous_eval_listener
     while True:
       start = time.time()
+      if not listener.before_eval():
+        tf.compat.v1.logging.info('Exiting evaluation, as requested by '
+                                  '_ContinuousEvalListener.before_eval.')
+        return
       eval_result, _ = evaluator.evaluate_and_export()
+      if not listener.after_eval(eval_result):
+        tf.compat.v1.logging.info('Exiting evaluation, as requested by '
+                                  '_ContinuousEvalListener.after_eval.')
+        return
+      self._throttle(start, eval_result)
       if eval_result.status == _EvalStatus.EVALUATED:
         global_step = eval_result.metrics.get(_GLOBAL_STEP)
         if global_step and max_steps and global_step >= max_steps:
@@ -469,7 +564,6 @@ class _TrainingExecutor(object):
               'Exiting evaluation, global_step=%s >= train max_steps=%s',
               global_step, max_steps)
           return
-      self._throttle(start, eval_result)
 
   def _throttle(self, start, eval_result):
     throttle_secs = self._eval_spec.throttle_secs
@@ -486,11 +580,14 @@ class _TrainingExecutor(object):
 
 
 def _start_std_server(config):
-  """This task's server (shared with the estimator's), as Estimator started it.
-
-  Called only for a task of a cluster (`_TrainingExecutor.run`), which has a
-  cluster spec, task type and id.
-  """
+  """This task's server (shared with the estimator's), as Estimator started it:
+  none for a cluster of one trainer without a master, else an error without a
+  master or without this task's cluster, type and id."""
+  if not (config.cluster_spec and config.task_type and
+          config.task_id is not None):
+    raise RuntimeError('Could not start server; be sure to specify '
+                       'cluster_spec, task_type, and task in RunConfig or set '
+                       'the TF_CONFIG environment variable.')
   if not config.master:
     jobs = config.cluster_spec.jobs
     if (len(jobs) == 1 and len(config.cluster_spec.job_tasks(jobs[0])) == 1 and

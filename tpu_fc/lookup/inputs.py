@@ -313,7 +313,11 @@ def _sequence_length(path, value, config, examples, output_shape, num_cores,
     length = 0
   else:
     return 0 if examples.rank > 1 else config.max_sequence_length
-  first = first_lengths.setdefault(path, length)
+  if path not in first_lengths:
+    # (assigned, not setdefault: the dict is its TPUEmbedding's, whose
+    # checkpoint refuses a tracked dict changed behind TF's wrapper)
+    first_lengths[path] = length
+  first = first_lengths[path]
   if length != first:
     raise ValueError(
         'Feature {}: the first enqueue made its output_shape {} {}, this '
