@@ -90,6 +90,23 @@ def test_a_run_config_keeps_its_subclass_state_and_attributes(name, is_chief,
                                  else '_CheckForStoppingHook')
 
 
+@pytest.mark.legacy_only
+def test_tf_2_15s_run_config_serves_tpu_fcs_estimator(tmp_path):
+  """On TF 2.15 `install()` leaves `tf.estimator.RunConfig` TF's: tpu_fc's
+  core Estimator takes it, a subclass with its state too, as TF's does."""
+  ours = lanes.core_driver('tpu_fc')
+  config = _config_of_a_subclass(lanes.core_driver('tf'), str(tmp_path), True)
+  received = []
+  estimator = ours.Estimator(_model_fn_of(ours, received.append),
+                             config=config)
+  estimator.train(_input_fn, steps=1)
+  assert type(received[0]).__name__ == 'ChiefOrNotConfig'
+  assert received[0].i_am_test
+  assert estimator.evaluate(_input_fn, steps=1)['global_step'] == 1
+  assert type(ours.stop_if_no_decrease_hook(estimator, 'loss', 10)).__name__ == (
+      '_StopOnPredicateHook')
+
+
 @pytest.mark.parametrize('name', lanes.DRIVERS)
 def test_training_logs_the_loss_step_and_step_rate(name, tmp_path, tf_log):
   """Every `log_step_count_steps` steps; a TPUEstimator logs its own way."""

@@ -225,7 +225,7 @@ class Estimator(object):
     if config is None:
       config = run_config.RunConfig()
       tf.compat.v1.logging.info('Using default config.')
-    if not isinstance(config, run_config.RunConfig):
+    if not run_config.is_run_config(config):
       raise ValueError(
           'config must be an instance of `RunConfig`, but provided %s.' % config)
     config = config.replace(session_config=(
@@ -827,7 +827,7 @@ class Estimator(object):
     synchronous training, else None."""
     if (mode != ModeKeys.TRAIN or
         not distributed.is_parameter_server_cluster(self._config) or
-        not self._config.sync_replicas):
+        not run_config.synchronous(self._config)):
       yield None
       return
     sync = distributed.SyncReplicas(self._config.num_worker_replicas,

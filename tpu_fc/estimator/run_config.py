@@ -274,6 +274,23 @@ def _refuse_parameter_server_strategy_v2(*strategies):
                      'estimator.')
 
 
+_TF_RUN_CONFIG = ('tensorflow_estimator.python.estimator.run_config',
+                  'RunConfig')
+
+
+def is_run_config(config):
+  """Whether an Estimator takes `config`: tpu_fc's `RunConfig`, or TF 2.15's
+  (`install()` leaves `tf.estimator.RunConfig` TF's there), a subclass too."""
+  return isinstance(config, RunConfig) or any(
+      (cls.__module__, cls.__name__) == _TF_RUN_CONFIG
+      for cls in type(config).__mro__)
+
+
+def synchronous(config):
+  """`config.sync_replicas`, tpu_fc's own (False for TF 2.15's RunConfig)."""
+  return getattr(config, 'sync_replicas', False)
+
+
 def path_to_str(path):
   """Accepts `pathlib` paths wherever TF took a directory string."""
   return os.fspath(path) if hasattr(path, '__fspath__') else path
