@@ -898,8 +898,3 @@ class Estimator(object):
 
   def _check_model_fn_without_params(self):
     """Raises if the model_fn must take `params`; it need not here."""
-
-
-# The name of `tf.estimator.Estimator`'s class in tensorflow_estimator's
-# `estimator.py` (its `Estimator` is TF 1's, which this class also is).
-EstimatorV2 = Estimator
