@@ -26,6 +26,8 @@ class ModeKeys(object):
   PREDICT = 'infer'
 
 
+# The metric of an evaluation's mean loss (TF's `model_fn.LOSS_METRIC_KEY`).
+LOSS_METRIC_KEY = 'loss'
 _GRAPH_ERROR = (
     '{0} with "{1}" must be from the default graph. '
     'Possible causes of this error include: \n\n'

@@ -13,8 +13,8 @@ from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import input_errors
+from tpu_fc.estimator.model_fn import LOSS_METRIC_KEY
 
-_LOSS = 'loss'
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
 
 
@@ -33,8 +33,8 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
   spec = built.spec
   graph = tf.compat.v1.get_default_graph()
   summaries = graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
-  if not any(summary.op.name == _LOSS for summary in summaries):
-    tf.compat.v1.summary.scalar(_LOSS, spec.loss)
+  if not any(summary.op.name == LOSS_METRIC_KEY for summary in summaries):
+    tf.compat.v1.summary.scalar(LOSS_METRIC_KEY, spec.loss)
   graph.add_to_collection(tf.compat.v1.GraphKeys.LOSSES, spec.loss)
 
   worker_hooks = (list(hooks) + [tf.compat.v1.train.NanTensorHook(spec.loss)] +
@@ -147,12 +147,13 @@ def evaluation_graph(built):
   """
   spec = built.spec
   eval_metric_ops = dict(spec.eval_metric_ops)
-  if _LOSS in eval_metric_ops:
+  if LOSS_METRIC_KEY in eval_metric_ops:
     raise ValueError(
-        'Metric with name "%s" is not allowed, because Estimator ' % _LOSS +
-        'already defines a default metric with the same name.')
-  eval_metric_ops[_LOSS] = (built.eval_loss or
-                            tf.compat.v1.metrics.mean(spec.loss))
+        'Metric with name "%s" is not allowed, because Estimator '
+        'already defines a default metric with the same name.' %
+        LOSS_METRIC_KEY)
+  eval_metric_ops[LOSS_METRIC_KEY] = (built.eval_loss or
+                                      tf.compat.v1.metrics.mean(spec.loss))
   metrics = sorted(eval_metric_ops.items())
   eval_dict = {name: value for name, (value, _) in metrics}
   update_ops = [update_op for _, (_, update_op) in metrics]
