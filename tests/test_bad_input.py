@@ -719,20 +719,22 @@ def _trained_dirs(tmp_path_factory):
   return dirs
 
 
-def _use(estimator, mode, tmp_path, ids=IDS):
-  """Runs `mode` of the estimator once on `ids` (export: to tmp_path)."""
-  input_fn = make_input_fn(lambda: {'ids': sparse(ids)})
+def _use(estimator, mode, tmp_path, ids=IDS, keys=('ids',)):
+  """Runs `mode` of the estimator once on `ids` as each of the features
+  `keys` (export: to tmp_path)."""
+  features = lambda: {key: sparse(ids) for key in keys}
+  input_fn = make_input_fn(features)
   if mode == 'train':
     return estimator.train(input_fn, steps=1)
   if mode == 'evaluate':
     return estimator.evaluate(input_fn, steps=1)
   if mode == 'predict':
-    return next(estimator.predict(lambda params: {'ids': sparse(ids)}))
+    return next(estimator.predict(lambda params: features()))
   with tf.Graph().as_default():
-    features = {'ids': sparse(ids)}
+    placeholders = features()
   return estimator.export_saved_model(
       str(tmp_path / 'export'),
-      tpu_fc.export.build_raw_serving_input_receiver_fn(features))
+      tpu_fc.export.build_raw_serving_input_receiver_fn(placeholders))
 
 
 @pytest.mark.parametrize('mode', ['train', 'evaluate', 'predict', 'export'])
@@ -748,6 +750,54 @@ def test_checkpoint_with_other_table_shape(trained_dirs, path, mode, changed,
       'model.ckpt-2 does not fit this model',
       '{} (checkpoint [5, 2], model {})'.format(TABLE_NAME['ids'],
                                                 model_shape)])
+
+
+def _changed_model(module, model_dir, path):
+  """`module`'s TPUEstimator (tpu_fc's, or TF 2.15's on the 'cpu' path) of the
+  trained model changed: the ids table has 6 rows (the checkpoint 5), a
+  column `more` adds a table and the model a variable `extra`."""
+  columns = make_columns(path, vocabulary=6) + [tpu_fc.embedding_column(
+      fc.categorical_column_with_identity('more', V), D)]
+  model_fn = make_model_fn(columns, module.TPUEstimatorSpec)
+
+  def changed_model_fn(features, labels, mode, params):
+    tf.compat.v1.get_variable('extra', [1])
+    return model_fn(features, labels, mode, params)
+
+  use_tpu = path != 'cpu'
+  return module.TPUEstimator(
+      model_fn=changed_model_fn, use_tpu=use_tpu, train_batch_size=B,
+      eval_batch_size=B, predict_batch_size=B,
+      config=module.RunConfig(model_dir=str(model_dir),
+                              tpu_config=module.TPUConfig(num_shards=NS)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=columns,
+          optimization_parameters=tpu_fc.StochasticGradientDescentParameters(
+              1.0)) if use_tpu else None)
+
+
+@pytest.mark.parametrize('mode', ['train', 'evaluate', 'predict'])
+@pytest.mark.parametrize('path', PATHS)
+def test_a_changed_model_gets_tfs_not_found_error_naming_all_it_lacks(
+    trained_dirs, path, mode, tmp_path):
+  """TF raises NotFoundError for the first key the checkpoint lacks (a script
+  catches it); tpu_fc's names every lacking variable and table, and the table
+  whose shape changed too."""
+  model_dir = _copy_of(trained_dirs[path], tmp_path)
+  keys = ('ids', 'more')
+  error = outcome(_use, _changed_model(tpu_fc, model_dir, path), mode,
+                  tmp_path, keys=keys)
+  _assert_raised(error, tf.errors.NotFoundError, [
+      'lacks variables this model needs: '
+      'dense_features/more_embedding/embedding_weights, extra;',
+      'changed shape: {} (checkpoint [5, 2], model [6, 2])'.format(
+          TABLE_NAME['ids'])], start='Checkpoint {}'.format(
+              os.path.join(str(model_dir), 'model.ckpt-2')))
+  if lanes.LEGACY and path == 'cpu':
+    tf_error = outcome(_use, _changed_model(
+        tf.compat.v1.estimator.tpu, model_dir, path), mode, tmp_path,
+                       keys=keys)
+    assert tf_error[0] is tf.errors.NotFoundError, tf_error
 
 
 def _copy_of(model_dir, tmp_path):

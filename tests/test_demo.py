@@ -8,8 +8,11 @@ import tempfile
 import numpy as np
 import pytest
 
+from tpu_fc import __main__ as command_line
 from tpu_fc import demo
 from tpu_fc._tf import tf
+
+from harness import scripts
 
 
 def test_demo_trains_exports_and_serves(tmp_path, capsys):
@@ -70,3 +73,34 @@ def test_demo_gives_tfs_logger_its_level_back(temp_root):
     assert logger.level == logging.INFO
   finally:
     logger.setLevel(before)
+
+
+# A warning or error line of TF's C++ logs: TF 2.21's ('E0000 00:00:...')
+# or TF 2.15's ('2026-01-01 00:00:00.000000: E external/...').
+_NATIVE_WARNING_OR_ERROR = re.compile(
+    r'^(?:[WEF]\d{4} |\d{4}-\d\d-\d\d [\d:.]+: [WEF] )')
+
+
+@pytest.mark.subprocess
+def test_the_demo_command_opens_with_the_demo_not_tfs_native_logs(tmp_path):
+  """`python -m tpu_fc demo` quiets TF's C++ logs in its own process (here,
+  without a GPU, TF 2.21 logs `failed call to cuInit` as an error, TF 2.15
+  its CUDA factories' registrations)."""
+  env = scripts.env()
+  env.pop('TF_CPP_MIN_LOG_LEVEL', None)  # (scripts/lane.sh sets it)
+  result = scripts.run_python(
+      ['-m', 'tpu_fc', 'demo', '--steps', '1', '--model_dir',
+       str(tmp_path / 'model')], cwd=str(tmp_path), env=env, timeout=600)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.startswith('tpu_fc demo, TensorFlow')
+  assert [line for line in result.stderr.splitlines()
+          if _NATIVE_WARNING_OR_ERROR.match(line)] == []
+
+
+def test_the_demo_keeps_a_native_log_level_the_user_set(monkeypatch):
+  monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '0')
+  command_line._quiet_native_logs()  # pylint: disable=protected-access
+  assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0'
+  monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL')
+  command_line._quiet_native_logs()  # pylint: disable=protected-access
+  assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '3'

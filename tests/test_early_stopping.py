@@ -184,7 +184,7 @@ def test_bad_arguments_get_tf_2_15_errors(tmp_path):
   with pytest.raises(TypeError, match='`should_stop_fn` must be callable.'):
     early_stopping.make_early_stopping_hook(estimator, None)
   with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
-                     r' \(here: tpu_fc.TPUEstimator\)'):
+                     r" \(here: tpu_fc's Estimator or TPUEstimator\)"):
     early_stopping.stop_if_lower_hook(object(), 'loss', 1.0)
 
 

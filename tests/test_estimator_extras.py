@@ -4,8 +4,10 @@ runs them: `model_fn`, `add_metrics`, `experimental_export_all_saved_models`,
 starts, `numpy_input_fn` and `pandas_input_fn`; on the legacy lane against TF's
 own, also TF's own functions given tpu_fc's estimators."""
 import os
+import sys
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import tpu_fc
@@ -304,6 +306,19 @@ def _batches_of(input_fn, most=12):
   return shapes, batches
 
 
+def _assert_read(input_fn_builders, kwargs, expected_shapes, expected, ends):
+  """The input_fn each builder makes of `kwargs` (not shuffling) gives
+  tensors of `expected_shapes`, the batches `expected`, then (`ends`) the
+  end of its input."""
+  for builder in input_fn_builders:
+    shapes, batches = _batches_of(  # (one more: the end of input)
+        builder(shuffle=False, **kwargs), most=len(expected) + ends)
+    assert shapes == expected_shapes, builder
+    assert len(batches) == len(expected), builder
+    for batch, want in zip(batches, expected):
+      tf.nest.map_structure(np.testing.assert_array_equal, batch, want)
+
+
 ROWS = 5
 A = np.arange(ROWS, dtype=np.float64)
 B = np.arange(ROWS * 2, dtype=np.int64).reshape(ROWS, 2) * 10
@@ -335,14 +350,8 @@ def test_numpy_input_fn_reads_as_tf_2_15(case):
                          [(B[:4], {'t': TARGET[:4]}),
                           (B[4:], {'t': TARGET[4:]})]),
   }[case]
-  for numpy_input_fn in _numpy_input_fns():
-    shapes, batches = _batches_of(  # (one more: the end of input)
-        numpy_input_fn(shuffle=False, **kwargs),
-        most=len(expected) + (case != 'forever'))
-    assert shapes == expected_shapes, numpy_input_fn
-    assert len(batches) == len(expected), numpy_input_fn
-    for batch, want in zip(batches, expected):
-      tf.nest.map_structure(np.testing.assert_array_equal, batch, want)
+  _assert_read(_numpy_input_fns(), kwargs, expected_shapes, expected,
+               ends=case != 'forever')
 
 
 def test_numpy_input_fn_shuffles_and_reads_per_thread_as_tf_2_15():
@@ -382,19 +391,95 @@ def test_numpy_input_fn_shuffles_and_reads_per_thread_as_tf_2_15():
           expected)
 
 
-def test_pandas_input_fn_without_pandas_fails_as_tf_2_15s():
-  try:  # (pandas is no dependency of tpu_fc)
-    import pandas  # pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    pass
-  else:
-    pytest.skip('pandas is installed')
-  functions = [estimator_inputs.pandas_input_fn] + (
+def test_pandas_input_fn_without_pandas_fails_as_tf_2_15s(monkeypatch):
+  """pandas is no dependency of tpu_fc (only of its tests): without it, TF
+  2.15's TypeError (its text, `inputs/pandas_io.py`)."""
+  monkeypatch.setitem(sys.modules, 'pandas', None)  # (import pandas fails)
+  assert oracle.outcome(estimator_inputs.pandas_input_fn, None,
+                        shuffle=False) == (
+                            TypeError, 'pandas_input_fn should not be called '
+                            'without pandas installed')
+
+
+def _pandas_input_fns():
+  """tpu_fc's pandas_input_fn, and on the legacy lane TF 2.15's."""
+  return [estimator_inputs.pandas_input_fn] + (
       [tf.compat.v1.estimator.inputs.pandas_input_fn] if lanes.LEGACY else [])
-  for pandas_input_fn in functions:
-    assert oracle.outcome(pandas_input_fn, None, shuffle=False) == (
-        TypeError, 'pandas_input_fn should not be called without pandas '
-        'installed')
+
+
+INDEX = np.arange(100, 100 + ROWS)
+
+
+def _frame(**columns):
+  return pd.DataFrame(columns, index=INDEX)
+
+
+def _frame_rows(indices):
+  """The rows of `_frame(b=B[:, 0], a=A)` and TARGET."""
+  return {'a': A[indices], 'b': B[indices, 0]}, TARGET[indices]
+
+
+@pytest.mark.parametrize('case', ['series', 'frame', 'forever', 'no_target'])
+def test_pandas_input_fn_reads_as_tf_2_15(case):
+  """A DataFrame's rows in order, `batch_size` at a time in TF1 graph mode,
+  as `numpy_input_fn` reads arrays (the index is not a feature); a Series
+  target is a tensor, a DataFrame's a dict by its columns, also one named as
+  a feature; none: features only (TF 2.15's own agrees)."""
+  x = _frame(b=B[:, 0], a=A)
+  kwargs, expected_shapes, expected = {
+      'series': (dict(x=x, y=pd.Series(TARGET, index=INDEX), batch_size=2),
+                 ({'a': [None], 'b': [None]}, [None]),
+                 [_frame_rows([0, 1]), _frame_rows([2, 3]), _frame_rows([4])]),
+      'frame': (dict(x=x, y=_frame(t=TARGET, a=TARGET * 2), batch_size=3),
+                ({'a': [None], 'b': [None]}, {'t': [None], 'a': [None]}),
+                [({'a': A[:3], 'b': B[:3, 0]},
+                  {'t': TARGET[:3], 'a': TARGET[:3] * 2}),
+                 ({'a': A[3:], 'b': B[3:, 0]},
+                  {'t': TARGET[3:], 'a': TARGET[3:] * 2})]),
+      'forever': (dict(x=x, y=pd.Series(TARGET, index=INDEX), batch_size=3,
+                       num_epochs=None),
+                  ({'a': [3], 'b': [3]}, [3]),
+                  [_frame_rows([0, 1, 2]), _frame_rows([3, 4, 0]),
+                   _frame_rows([1, 2, 3])]),
+      'no_target': (dict(x=x, batch_size=4),
+                    {'a': [None], 'b': [None]},
+                    [{'a': A[:4], 'b': B[:4, 0]}, {'a': A[4:], 'b': B[4:, 0]}]),
+  }[case]
+  _assert_read(_pandas_input_fns(), kwargs, expected_shapes, expected,
+               ends=case != 'forever')
+
+
+def test_pandas_input_fn_shuffles_and_refuses_as_tf_2_15():
+  """Shuffled (a queue_capacity of None: 4 times the rows), every row once
+  per epoch with its target; TF 2.15's errors for bad arguments."""
+  x = _frame(a=A)
+  y = pd.Series(-A, index=INDEX)
+  for pandas_input_fn in _pandas_input_fns():
+    _, batches = _batches_of(pandas_input_fn(
+        x, y, batch_size=2, shuffle=True, num_epochs=2, queue_capacity=None))
+    rows = sorted(np.concatenate([batch['a'] for batch, _ in batches]))
+    assert rows == sorted(list(A) * 2), pandas_input_fn
+    for batch, target in batches:
+      np.testing.assert_array_equal(target, -batch['a'])
+  with_target = _frame(a=A, target=A)
+  calls = [
+      lambda fn: fn(x, y, shuffle=None),
+      lambda fn: fn(x, y, shuffle=False, target_column=3),
+      lambda fn: fn(with_target, y, shuffle=False),
+      lambda fn: fn(x, pd.Series(-A), shuffle=False),
+  ]
+  expected = [
+      (ValueError, 'shuffle must be provided and explicitly set as boolean '
+       '(it is recommended to set it as True for training); got None'),
+      (TypeError, 'target_column must be a string type'),
+      (ValueError, 'Cannot use name target for target column: DataFrame '
+       'already has a column with that name: {}'.format(with_target.columns)),
+      (ValueError, 'Index for x and y are mismatched.\nIndex for x: {}\n'
+       'Index for y: {}\n'.format(x.index, pd.RangeIndex(ROWS))),
+  ]
+  for pandas_input_fn in _pandas_input_fns():
+    assert [oracle.outcome(call, pandas_input_fn) for call in calls] == (
+        expected), pandas_input_fn
 
 
 @pytest.mark.parametrize('use_tpu', [False, True], ids=['cpu', 'tpu'])

@@ -1021,6 +1021,19 @@ def test_legacy_export_script_runs_after_install(installed, trained, expected,
   assert_close(serve_examples(export_dir), expected)
 
 
+class _ConvertibleLabeled(object):
+  """Like a LabeledTensor: holds `.tensor` and converts to it."""
+
+  def __init__(self, tensor):
+    self.tensor = tensor
+
+
+tf.register_tensor_conversion_function(
+    _ConvertibleLabeled,
+    lambda value, dtype=None, name=None, as_ref=False: tf.convert_to_tensor(
+        value.tensor, dtype=dtype, name=name))
+
+
 def _receiver_cases():
   """(label, constructor name, args builder) of valid and invalid receivers."""
   def t():
@@ -1036,6 +1049,10 @@ def _receiver_cases():
     def __init__(self):
       self.tensor = tf.constant(1.0)
 
+  def convertible():
+    """TF's carve-out: a LabeledTensor-like object that converts to a Tensor."""
+    return _ConvertibleLabeled(tf.constant([1.0]))
+
   return [
       ('int_feature_key', 'ServingInputReceiver',
        lambda: ({1: t()}, {'x': t()})),
@@ -1049,6 +1066,14 @@ def _receiver_cases():
        lambda: ({'f': np.ones(2)}, {'x': t()})),
       ('labeled_feature', 'ServingInputReceiver',
        lambda: ({'f': Labeled()}, {'x': t()})),
+      ('convertible_labeled_feature', 'ServingInputReceiver',
+       lambda: ({'f': convertible()}, {'x': t()})),
+      ('convertible_single_feature', 'TensorServingInputReceiver',
+       lambda: (convertible(), {'x': t()})),
+      ('supervised_bad_single_label', 'SupervisedInputReceiver',
+       lambda: ({'f': t()}, 'not a tensor', {'x': t()})),
+      ('supervised_convertible_label', 'SupervisedInputReceiver',
+       lambda: ({'f': t()}, convertible(), {'x': t()})),
       ('non_tensor_receiver', 'ServingInputReceiver',
        lambda: ({'f': t()}, {'x': 'serialized'})),
       ('bare_tensors', 'ServingInputReceiver', lambda: (t(), t())),
@@ -1102,6 +1127,8 @@ TF215_RECEIVER_ERRORS = {
     'tensor_receiver_not_tensor':
         'feature must be a Tensor, SparseTensor, or RaggedTensor.',
     'tensor_receiver_bad_receiver': 'receiver_tensor keys must be strings: 1.',
+    'supervised_bad_single_label':
+        'label label must be a Tensor, SparseTensor, or RaggedTensor.',
 }
 
 

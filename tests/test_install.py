@@ -52,7 +52,7 @@ HOOK_NAMES = ('SessionRunHook', 'SessionRunArgs', 'SessionRunContext',
               'GlobalStepWaiterHook', 'FinalOpsHook', 'FeedFnHook',
               'ProfilerHook', 'SecondOrStepTimer')
 TRAINING_NAMES = ('TrainSpec', 'EvalSpec', 'Exporter', 'LatestExporter',
-                  'FinalExporter', 'BestExporter', 'RunConfig')
+                  'FinalExporter', 'BestExporter')
 
 
 def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
@@ -60,13 +60,17 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import run_config  # pylint: disable=g-import-not-at-top
   legacy = lanes.LEGACY
   for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
     for name in HOOK_NAMES:  # tensorflow_estimator re-exported TF core's
       assert getattr(estimator_namespace, name) is getattr(
           tf.compat.v1.train, name), name
     own = {name: getattr(tpu_fc, name) for name in TRAINING_NAMES}
-    own['WarmStartSettings'] = estimator_lib.WarmStartSettings
+    own.update(WarmStartSettings=estimator_lib.WarmStartSettings,
+               Estimator=estimator_lib.Estimator,
+               RunConfig=run_config.RunConfig,
+               EstimatorSpec=tpu_fc.EstimatorSpec)
     for name, value in own.items():
       bound = getattr(estimator_namespace, name)
       if legacy:
@@ -96,6 +100,59 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   assert tf.estimator.tpu.TPUEstimator is tpu_fc.TPUEstimator
 
 
+def _twin_model_fn(features, labels, mode):
+  """A TPUEstimator script's CPU/GPU twin's model, by TF's names only: one
+  dense unit (kernel 0.3, bias 0), squared error, gradient descent at 0.1."""
+  logits = tf.compat.v1.layers.dense(
+      features['x'], 1,
+      kernel_initializer=tf.compat.v1.constant_initializer(0.3))
+  if mode == tf.estimator.ModeKeys.PREDICT:
+    return tf.estimator.EstimatorSpec(mode, predictions={'logit': logits})
+  loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+  train_op = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+      loss, tf.compat.v1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _twin_input_fn():
+  """Two rows of x = [1, 1], label 1."""
+  return tf.data.Dataset.from_tensor_slices((
+      {'x': [[1., 1.], [1., 1.]]}, [[1.], [1.]])).batch(2)
+
+
+@pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
+def test_the_cpu_twin_of_a_tpu_estimator_script_runs_unchanged(installed,
+                                                               tmp_path):
+  """`tf.estimator.Estimator(model_fn, config=tf.estimator.RunConfig(...))`:
+  tpu_fc's core Estimator where TF has none, TF's own on TF 2.15; a
+  TPUEstimator refuses that RunConfig with TF's text."""
+  from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import run_config  # pylint: disable=g-import-not-at-top
+  for namespace in (tf.estimator, tf.compat.v1.estimator):
+    if lanes.LEGACY:
+      assert namespace.Estimator.__module__.startswith('tensorflow_estimator.')
+    else:
+      assert namespace.Estimator is estimator_lib.Estimator
+      assert namespace.RunConfig is run_config.RunConfig
+  estimator = tf.estimator.Estimator(
+      _twin_model_fn, config=tf.estimator.RunConfig(model_dir=str(tmp_path)))
+  # logit 2 * 0.3 = 0.6: loss (1 - 0.6)^2 = 0.16; one step moves the kernel
+  # and bias by 0.1 * 2 * 0.4 = 0.08: logit 2 * 0.38 + 0.08 = 0.84, loss
+  # 0.16^2 = 0.0256.
+  assert estimator.evaluate(_twin_input_fn)['loss'] == pytest.approx(0.16)
+  estimator.train(_twin_input_fn, steps=1)
+  assert estimator.evaluate(_twin_input_fn) == {
+      'loss': pytest.approx(0.0256), 'global_step': 1}
+  assert [p['logit'] for p in estimator.predict(
+      lambda: _twin_input_fn().map(lambda x, y: x))] == [
+          pytest.approx([0.84])] * 2
+  with pytest.raises(ValueError) as error:
+    tf.compat.v1.estimator.tpu.TPUEstimator(
+        _twin_model_fn, config=tf.estimator.RunConfig(), use_tpu=False)
+  assert str(error.value) == (
+      '`config` must be provided with type `tpu_config.RunConfig`')
+
+
 @pytest.mark.parametrize('name', [
     'train_and_evaluate', 'add_metrics', 'experimental.make_early_stopping_hook',
     'experimental.stop_if_higher_hook', 'experimental.stop_if_lower_hook',
@@ -114,7 +171,7 @@ def test_estimator_functions_leave_other_estimators_to_tf(installed, name):
       function = getattr(function, attribute)
     with pytest.raises((TypeError, AttributeError)) as error:
       function(object(), *arguments.get(name, ('loss', 1)))
-    ours = 'here: tpu_fc.TPUEstimator' in str(error.value)
+    ours = "here: tpu_fc's Estimator or TPUEstimator" in str(error.value)
     assert ours != lanes.LEGACY, error.value
 
 

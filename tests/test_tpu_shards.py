@@ -385,6 +385,37 @@ def test_input_pipelines_feed_the_cores_as_tf_2_15s(tmp_path, case):
   assert seen == [('input_fn', 'eval', 4, None), ('model_fn', 'eval', 4, None)]
 
 
+@pytest.mark.parametrize('pipeline', [PIPELINES.PER_HOST_V1,
+                                      PIPELINES.PER_HOST_V2])
+def test_predicted_batches_are_a_tpu_steps(tmp_path, pipeline):
+  """2 cores, predict_batch_size 4, 10 rows: a TPU step predicts its cores'
+  batches joined, [4, 4, 2] rows, whether input_fn gives a step's batch of 4
+  (PER_HOST_V1, the last one of 2) or a core's of 2 (PER_HOST_V2: step s
+  takes batches 2s and 2s + 1; the third step core 0's last batch and
+  padding, which TF drops: `tpu_estimator.py` 1016-1021, 2297-2301)."""
+  rows = np.arange(10, dtype=np.float32)[:, None]
+
+  def model_fn(features, labels, mode, params):
+    del labels, params
+    return tpu_fc.TPUEstimatorSpec(mode, predictions={'x': features['x'] * 2})
+
+  def input_fn(params):
+    return tf.data.Dataset.from_tensor_slices({'x': rows}).batch(
+        params['batch_size'])
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn, use_tpu=True, train_batch_size=4, predict_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=(
+          tpu_fc.TPUConfig(num_shards=2,
+                           per_host_input_for_training=pipeline))))
+  batches = [batch['x'] for batch in estimator.predict(
+      input_fn, yield_single_examples=False)]
+  assert [len(batch) for batch in batches] == [4, 4, 2]
+  np.testing.assert_array_equal(np.concatenate(batches), rows * 2)
+  np.testing.assert_array_equal(
+      [example['x'] for example in estimator.predict(input_fn)], rows * 2)
+
+
 @pytest.mark.legacy_only
 @pytest.mark.parametrize('pipeline', [
     PIPELINES.PER_SHARD_V1, PIPELINES.PER_HOST_V1, PIPELINES.PER_HOST_V2,

@@ -258,7 +258,7 @@ def test_bad_input_gets_tf_2_15_errors(case):
 
 def test_train_and_evaluate_takes_only_tpu_fc_estimators():
   with pytest.raises(TypeError, match='must have type `tf.estimator.Estimator`'
-                     r' \(here: tpu_fc.TPUEstimator\)'):
+                     r" \(here: tpu_fc's Estimator or TPUEstimator\)"):
     tpu_fc.train_and_evaluate(object(), tpu_fc.TrainSpec(inputs.ids_and_x),
                               tpu_fc.EvalSpec(inputs.ids_and_x))
 

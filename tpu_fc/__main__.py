@@ -39,8 +39,23 @@ def _run(args):
   legacy_names.run_script(args.script, run_name='__main__')
 
 
+# TF's C++ logs at this level and above only (3: fatal errors).
+_DEMO_NATIVE_LOG_LEVEL = '3'
+
+
+def _quiet_native_logs():
+  """Quiets TensorFlow's C++ logs in this process unless the user set
+  `TF_CPP_MIN_LOG_LEVEL`: TF reads it when it loads, so call it before.
+
+  Its start-up logs (on a machine without a GPU a failed `cuInit` error
+  among them) would open the demo's first screen.
+  """
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', _DEMO_NATIVE_LOG_LEVEL)
+
+
 def _demo(args):
-  from tpu_fc import demo  # pylint: disable=g-import-not-at-top
+  _quiet_native_logs()
+  from tpu_fc import demo  # pylint: disable=g-import-not-at-top  (loads TF)
   demo.main(model_dir=args.model_dir, steps=args.steps)
 
 

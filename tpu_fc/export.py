@@ -28,10 +28,28 @@ _SINGLE_LABEL = internals.SINGLE_LABEL_DEFAULT_NAME
 _SINGLE_RECEIVER = internals.SINGLE_RECEIVER_DEFAULT_NAME
 
 
+# The key a single tensor of each kind is wrapped under (TF's).
+_SINGLE_TENSOR_NAMES = {
+    'feature': _SINGLE_FEATURE,
+    'label': _SINGLE_LABEL,
+    'receiver_tensor': _SINGLE_RECEIVER,
+    'receiver_tensors_alternative': _SINGLE_RECEIVER,
+}
+
+
 def _check_tensor(tensor, name, error_label):
-  if not isinstance(tensor, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
-    raise ValueError('{} must be a Tensor, SparseTensor, or RaggedTensor.'.format(
-        '{} {}'.format(error_label, name) if name else error_label))
+  """TF's check: a Tensor, SparseTensor or RaggedTensor, or (TF's carve-out
+  for LabeledTensor) an object with a `.tensor` that converts to a Tensor."""
+  if isinstance(tensor, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
+    return
+  error = ValueError('{} must be a Tensor, SparseTensor, or RaggedTensor.'.format(
+      '{} {}'.format(error_label, name) if name else error_label))
+  if not hasattr(tensor, 'tensor'):
+    raise error
+  try:
+    tf.convert_to_tensor(tensor)
+  except TypeError:
+    raise error from None
 
 
 def _check_tensor_key(name, error_label, allow_ints):
@@ -49,8 +67,7 @@ def wrap_and_check_input_tensors(tensors, field_name, allow_int_keys=False):
   if tensors is None:
     raise ValueError('{}s must be defined.'.format(field_name))
   if not isinstance(tensors, dict):
-    tensors = {_SINGLE_RECEIVER if field_name != 'feature' else _SINGLE_FEATURE:
-               tensors}
+    tensors = {_SINGLE_TENSOR_NAMES[field_name]: tensors}
   for name, tensor in tensors.items():
     _check_tensor_key(name, field_name, allow_int_keys)
     _check_tensor(tensor, name, field_name)

@@ -12,7 +12,8 @@ Estimator namespaces are replaced by namespaces that hold tpu_fc's names and def
 every other name to the namespace they replace (on TF 2.15 that is
 tensorflow_estimator, imported only if the script asks for such a name).
 Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the exporters,
-`RunConfig`, `WarmStartSettings`, `VocabInfo`, the session-run hooks,
+`Estimator`, `RunConfig` and `EstimatorSpec` (the core ones, under `TPUEstimator`),
+`WarmStartSettings`, `VocabInfo`, the session-run hooks,
 `experimental.InMemoryEvaluatorHook`, `experimental.make_stop_at_checkpoint_step_hook`,
 `experimental.build_raw_supervised_input_receiver_fn`, `tf.compat.v1.estimator.inputs`'s
 `numpy_input_fn` and `pandas_input_fn`) are tpu_fc's only where that namespace lacks
@@ -145,6 +146,7 @@ def _estimator_namespace(name, original, v1):
   from tpu_fc.estimator import extenders  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import run_config  # pylint: disable=g-import-not-at-top
   original_getter = _module_getter(original) if original is not None else None
   tpu_getter = _attribute_getter(original_getter, 'tpu')
   tpu_experimental = _Namespace(
@@ -164,7 +166,6 @@ def _estimator_namespace(name, original, v1):
   experimental_getter = _attribute_getter(original_getter, 'experimental')
   names = dict(
       tpu=tpu, export=export, ModeKeys=estimator.ModeKeys,
-      EstimatorSpec=estimator.EstimatorSpec,
       experimental=_Namespace(name + '.experimental', {
           hook.__name__: _for_tpu_fc_estimators(hook, experimental_getter)
           for hook in early_stopping.TF_EXPERIMENTAL_FUNCTIONS},
@@ -187,14 +188,17 @@ def _estimator_namespace(name, original, v1):
         name + '.inputs', {}, _attribute_getter(original_getter, 'inputs'),
         dict(numpy_input_fn=inputs.numpy_input_fn,
              pandas_input_fn=inputs.pandas_input_fn))
-  # The names TPUEstimator scripts need around it, where TF has none of its own.
+  # The names TPUEstimator scripts need around it, and the core Estimator and
+  # RunConfig of their CPU/GPU twins, where TF has none of its own.
   defaults = {name: getattr(tf.compat.v1.train, name)
               for name in _SESSION_RUN_HOOK_NAMES}
   defaults.update(
       TrainSpec=estimator.TrainSpec, EvalSpec=estimator.EvalSpec,
       Exporter=estimator.Exporter, LatestExporter=estimator.LatestExporter,
       FinalExporter=estimator.FinalExporter,
-      BestExporter=estimator.BestExporter, RunConfig=estimator.RunConfig,
+      BestExporter=estimator.BestExporter, RunConfig=run_config.RunConfig,
+      Estimator=estimator_lib.Estimator,
+      EstimatorSpec=estimator.EstimatorSpec,
       WarmStartSettings=estimator_lib.WarmStartSettings,
       VocabInfo=tf.compat.v1.train.VocabInfo)
   return _Namespace(name, names, original_getter, defaults)
@@ -264,8 +268,9 @@ def install() -> None:
   `embedding_column`, `shared_embedding_columns` and ten `*Parameters`; in
   every TF API module (`tf`, `tf.compat.v1`, `tf.compat.v2`) an `estimator`
   namespace (with `tpu`, `tpu.experimental.EmbeddingConfigSpec`, `export`,
-  `experimental`, `ModeKeys`, `EstimatorSpec`, `train_and_evaluate`, ...;
-  see the module doc), also importable by path (`import
+  `experimental`, `ModeKeys`, `train_and_evaluate`, ...; where TF has none,
+  also the core `Estimator`, `RunConfig` and `EstimatorSpec`; see the module
+  doc), also importable by path (`import
   tensorflow.estimator.tpu`), and `tpu.experimental.embedding.TPUEmbedding`
   and `TPUEmbeddingV0` (tpu_fc's outside a `TPUStrategy`, TF's under one);
   where TF has no `tensorflow.python.tpu.tpu_embedding` (TF >= 2.16), a

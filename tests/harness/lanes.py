@@ -50,3 +50,31 @@ def driver(name):
       **{attribute: getattr(tpu, attribute) for attribute in _TPU_NAMES},
       **{attribute: getattr(tf.compat.v1.estimator, attribute)
          for attribute in _ESTIMATOR_NAMES})
+
+
+# The drivers a test compares: tpu_fc's, and on the legacy lane TF 2.15's.
+DRIVERS = ('tpu_fc', 'tf') if LEGACY else ('tpu_fc',)
+
+
+def core_driver(name):
+  """The core Estimator (no TPU) and what a script uses around it, tpu_fc's
+  ('tpu_fc') or TF 2.15's own ('tf', legacy lane), under the same names;
+  `TPUEstimator` and `TPURunConfig` are the TPU's."""
+  if name == 'tpu_fc':
+    # pylint: disable=g-import-not-at-top
+    from tpu_fc.estimator import early_stopping
+    from tpu_fc.estimator import estimator
+    from tpu_fc.estimator import run_config
+    # pylint: enable=g-import-not-at-top
+    return types.SimpleNamespace(
+        Estimator=estimator.Estimator, RunConfig=run_config.RunConfig,
+        EstimatorSpec=tpu_fc.EstimatorSpec,
+        stop_if_no_decrease_hook=early_stopping.stop_if_no_decrease_hook,
+        TPUEstimator=tpu_fc.TPUEstimator, TPURunConfig=tpu_fc.RunConfig)
+  tpu = tf.compat.v1.estimator.tpu
+  return types.SimpleNamespace(
+      Estimator=tf.estimator.Estimator, RunConfig=tf.estimator.RunConfig,
+      EstimatorSpec=tf.estimator.EstimatorSpec,
+      stop_if_no_decrease_hook=(
+          tf.estimator.experimental.stop_if_no_decrease_hook),
+      TPUEstimator=tpu.TPUEstimator, TPURunConfig=tpu.RunConfig)

@@ -5,9 +5,10 @@ table (`<table>/Adam`, `<table>/Adam_1`), the emulated TPU the embedding optimiz
 (`<table>/Adam/m`, `<table>/Adam/v`), and either may lack the other's.  So that a
 checkpoint of one mode restores into the other, the Saver restores everything the
 checkpoint has and starts the *optimizer state* it lacks from its initial values,
-with a warning.  Any other missing variable (a table, a dense weight) is an error
-that names it, as is a variable whose shape differs from the checkpoint's (a changed
-vocabulary size or dimension) and a checkpoint that cannot be read.
+with a warning.  Any other missing variable (a table, a dense weight) is TF's
+`NotFoundError`, naming every one (and any that changed shape); a variable whose
+shape differs from the checkpoint's (a changed vocabulary size or dimension) and a
+checkpoint that cannot be read are errors that name them too.
 
 With `CheckpointInputPipelineHook`, each checkpoint also holds the training input's
 position (its iterator state), written by the same save as the weights, so a restart
@@ -235,18 +236,24 @@ def _model_shape(value):
   return shape.as_list()
 
 
+def _changed_shapes(shapes, var_list):
+  """'name (checkpoint [..], model [..])' of each variable of `var_list` whose
+  shape differs from the checkpoint's `shapes`, sorted."""
+  return sorted(
+      '{} (checkpoint {}, model {})'.format(name, shapes[name], model)
+      for name, model in ((n, _model_shape(v)) for n, v in var_list.items())
+      if name in shapes and model is not None and model != shapes[name])
+
+
 def _check_shapes(checkpoint_path, shapes, var_list):
   """Raises, naming them, if variables differ in shape from the checkpoint's."""
-  changed = ['{} (checkpoint {}, model {})'.format(name, shapes[name], model)
-             for name, model in ((n, _model_shape(v)) for n, v in var_list.items())
-             if name in shapes and model is not None and model != shapes[name]]
+  changed = _changed_shapes(shapes, var_list)
   if changed:
     raise ValueError(
         'Checkpoint {} does not fit this model: {} changed shape. A changed '
         'vocabulary size or embedding dimension cannot restore the old table; '
         'restore it into the model that wrote it, or start from a new '
-        'model_dir.'.format(original_path(checkpoint_path),
-                            ', '.join(sorted(changed))))
+        'model_dir.'.format(original_path(checkpoint_path), ', '.join(changed)))
 
 
 def _reason(error):
@@ -282,16 +289,9 @@ def checkpoint_shapes(checkpoint_path):
     return dict(tf.train.list_variables(checkpoint_path))
 
 
-def restored_names(checkpoint_path, shapes, var_list, alias=None):
+def _names_read_as(checkpoint_path, shapes, var_list, alias):
   """{name: checkpoint name} of the `var_list` names a checkpoint holds under
-  another name, `alias(name)` (a table as TF's TPU named it); raises, naming
-  them, if any variable differs in shape from what the checkpoint holds.
-
-  Args:
-    shapes: the checkpoint's {name: shape} (`checkpoint_shapes`).
-    alias: `name -> the name another writer of the model's checkpoints gave
-      it, or None`; used only where the checkpoint lacks `name`.
-  """
+  another name, `alias(name)` (a table as TF's TPU named it); logged."""
   read_as = {}
   for name in var_list:
     other = alias(name) if alias and name not in shapes else None
@@ -302,8 +302,26 @@ def restored_names(checkpoint_path, shapes, var_list, alias=None):
         'Checkpoint %s holds %s as TensorFlow\'s TPU named them (%s); they are '
         'restored from there.', original_path(checkpoint_path),
         ', '.join(sorted(read_as)), ', '.join(sorted(read_as.values())))
-  _check_shapes(checkpoint_path, shapes,
-                {read_as.get(n, n): v for n, v in var_list.items()})
+  return read_as
+
+
+def _as_read(var_list, read_as):
+  """`var_list` under the names the checkpoint holds its variables by."""
+  return {read_as.get(n, n): v for n, v in var_list.items()}
+
+
+def restored_names(checkpoint_path, shapes, var_list, alias=None):
+  """{name: checkpoint name} of the `var_list` names a checkpoint holds under
+  another name, `alias(name)` (a table as TF's TPU named it); raises, naming
+  them, if any variable differs in shape from what the checkpoint holds.
+
+  Args:
+    shapes: the checkpoint's {name: shape} (`checkpoint_shapes`).
+    alias: `name -> the name another writer of the model's checkpoints gave
+      it, or None`; used only where the checkpoint lacks `name`.
+  """
+  read_as = _names_read_as(checkpoint_path, shapes, var_list, alias)
+  _check_shapes(checkpoint_path, shapes, _as_read(var_list, read_as))
   return read_as
 
 
@@ -318,6 +336,23 @@ def renaming_saver(checkpoint_path, var_list, alias=None):
   return tf.compat.v1.train.Saver(
       var_list={read_as.get(n, n): v for n, v in var_list.items()},
       sharded=True)
+
+
+def _check_restorable(checkpoint_path, shapes, var_list, lacking):
+  """Raises TF's NotFoundError if the checkpoint lacks variables (`lacking`)
+  the model cannot start anew, naming each and any that changed shape (a
+  script catching TF's error catches it); else `_check_shapes`."""
+  if lacking:
+    changed = _changed_shapes(shapes, var_list)
+    raise tf.errors.NotFoundError(None, None, (
+        'Checkpoint {} lacks variables this model needs: {}{}. The model '
+        'changed since the checkpoint was written (a renamed column or layer, '
+        'a new table?); restore it into the model that wrote it, or start '
+        'from a new model_dir.'.format(
+            original_path(checkpoint_path), ', '.join(lacking),
+            '; and these changed shape: ' + ', '.join(changed)
+            if changed else '')))
+  _check_shapes(checkpoint_path, shapes, var_list)
 
 
 class TolerantSaver(tf.compat.v1.train.Saver):
@@ -337,20 +372,14 @@ class TolerantSaver(tf.compat.v1.train.Saver):
     if not checkpoint_path:
       return
     shapes = checkpoint_shapes(checkpoint_path)
-    read_as = restored_names(checkpoint_path, shapes, var_list, alias)
+    read_as = _names_read_as(checkpoint_path, shapes, var_list, alias)
     missing = sorted(name for name in var_list
                      if name not in shapes and name not in read_as)
+    _check_restorable(checkpoint_path, shapes, _as_read(var_list, read_as), [
+        n for n in missing if n not in may_start_anew and
+        not _is_optimizer_state(n, var_list)])
     if not missing and not read_as:
       return
-    not_state = [n for n in missing if n not in may_start_anew and
-                 not _is_optimizer_state(n, var_list)]
-    if not_state:
-      raise ValueError(
-          'Checkpoint {} lacks variables this model needs: {}. The model '
-          'changed since the checkpoint was written (a renamed column or layer, '
-          'a new table?); restore it into the model that wrote it, or start '
-          'from a new model_dir.'.format(original_path(checkpoint_path),
-                                         ', '.join(not_state)))
     present = {read_as.get(n, n): v for n, v in var_list.items()
                if n not in missing}
     self._partial = (

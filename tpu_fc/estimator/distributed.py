@@ -23,6 +23,7 @@ import time
 from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
 from tpu_fc._tf import tf
+from tpu_fc.estimator import run_config
 from tpu_fc.lookup import sparse_update
 
 _servers = {}
@@ -196,7 +197,7 @@ def input_context(config):
       num_input_pipelines=config.num_worker_replicas,
       input_pipeline_id=config.global_id_in_cluster,
       num_replicas_in_sync=(config.num_worker_replicas
-                            if config.sync_replicas else 1))
+                            if run_config.synchronous(config) else 1))
 
 
 class SyncReplicas:

@@ -44,6 +44,12 @@ from tpu_fc.estimator.model_fn import ModeKeys
 _HOLD_ATTEMPTS = 10
 _VALID_MODEL_FN_ARGS = frozenset(
     ['features', 'labels', 'mode', 'params', 'self', 'config'])
+# The members of Estimator a subclass may override (TF 2.15's list).
+_ALLOWED_OVERRIDES = frozenset([
+    'model_fn', '_create_and_assert_global_step', '_export_all_saved_models',
+    '_tf_api_names', '_tf_api_names_v1', '_estimator_api_names',
+    '_estimator_api_names_v1', '_estimator_api_constants',
+    '_estimator_api_constants_v1', 'latest_checkpoint'])
 
 
 class WarmStartSettings(
@@ -86,7 +92,9 @@ def _warm_start_settings(warm_start_from):
                    'instead got {}'.format(type(warm_start_from)))
 
 
-def _verify_model_fn_args(model_fn, params):
+def verify_model_fn_args(model_fn, params):
+  """TF's checks of a model_fn's arguments against `params` (a TypeError
+  for what is not callable)."""
   args = set(internals.fn_args(model_fn))
   if 'features' not in args:
     raise ValueError('model_fn (%s) must include features argument.' % model_fn)
@@ -121,7 +129,7 @@ def check_estimator(estimator):
   `train_and_evaluate`, the early-stopping hooks, `add_metrics`)."""
   if not isinstance(estimator, Estimator):
     raise TypeError('`estimator` must have type `tf.estimator.Estimator` '
-                    '(here: tpu_fc.TPUEstimator). Got: {}'.format(
+                    '(here: tpu_fc\'s Estimator or TPUEstimator). Got: {}'.format(
                         type(estimator)))
 
 
@@ -180,19 +188,46 @@ class Estimator(object):
                config: run_config.RunConfig | None = None,
                params: Mapping[str, Any] | None = None,
                warm_start_from: str | WarmStartSettings | None = None):
-    if config is None:
-      config = run_config.RunConfig()
-    _verify_model_fn_args(model_fn, params)
+    self._assert_members_are_not_overridden()
     self._config = self._finalize_config(config, model_dir)
     self._model_dir = self._config.model_dir
     tf.compat.v1.logging.info('Using config: %s', self._config)
+    if model_fn is None:
+      raise ValueError('model_fn must be provided to Estimator.')
+    self._check_model_fn_args(model_fn, params)
     self._model_fn = model_fn
     self._params = copy.deepcopy(params or {})
     self._warm_start_settings = _warm_start_settings(warm_start_from)
 
+  def _assert_members_are_not_overridden(self):
+    """TF's rule: a subclass may add members, not override Estimator's (but
+    for TF's short allow-list); a class named `TPUEstimator` is exempt, as
+    TF exempts its own.  As TF, only the instance's own class is checked."""
+    cls = type(self)
+    if cls.__name__ == 'TPUEstimator':
+      return
+    members = {name for name in dir(Estimator) if not name.startswith('__')}
+    overridden = sorted(
+        name for name in members & set(vars(cls)) - _ALLOWED_OVERRIDES
+        if getattr(Estimator, name) != getattr(cls, name))
+    if overridden:
+      raise ValueError(
+          'Subclasses of Estimator cannot override members of Estimator. '
+          '{} does override {}'.format(cls, overridden))
+
+  def _check_model_fn_args(self, model_fn, params):
+    """`verify_model_fn_args`, after the config's checks (TF's order)."""
+    verify_model_fn_args(model_fn, params)
+
   @staticmethod
   def _finalize_config(config, model_dir):
     """Estimator's defaults: session config, and model_dir (else a temp dir)."""
+    if config is None:
+      config = run_config.RunConfig()
+      tf.compat.v1.logging.info('Using default config.')
+    if not run_config.is_run_config(config):
+      raise ValueError(
+          'config must be an instance of `RunConfig`, but provided %s.' % config)
     config = config.replace(session_config=(
         config.session_config or run_config.default_session_config()))
     model_dir = run_config.path_to_str(model_dir)
@@ -558,8 +593,16 @@ class Estimator(object):
     return [tf.compat.v1.train.StopAtStepHook(steps, max_steps)]
 
   def _with_progress_logging(self, built):
-    """The TRAIN spec with the hooks that log progress (none here)."""
-    return built.spec
+    """The TRAIN spec with Estimator's loss and step logging first among its
+    training hooks (the step rate: `sessions.train`)."""
+    spec = built.spec
+    if self._config.log_step_count_steps is None:
+      return spec
+    logging_hook = tf.compat.v1.train.LoggingTensorHook(
+        {'loss': spec.loss, 'step': tf.compat.v1.train.get_global_step()},
+        every_n_iter=self._config.log_step_count_steps)
+    return spec._replace(
+        training_hooks=(logging_hook,) + tuple(spec.training_hooks))
 
   def evaluate(self,
                input_fn: Callable[..., Any],
@@ -784,7 +827,7 @@ class Estimator(object):
     synchronous training, else None."""
     if (mode != ModeKeys.TRAIN or
         not distributed.is_parameter_server_cluster(self._config) or
-        not self._config.sync_replicas):
+        not run_config.synchronous(self._config)):
       yield None
       return
     sync = distributed.SyncReplicas(self._config.num_worker_replicas,
@@ -814,8 +857,17 @@ class Estimator(object):
       result = input_fn(**kwargs)
     inputs = input_fn_lib.parse_input_fn_result(result)
     if mode == ModeKeys.PREDICT:  # labels, if any, are not the model's
+      self._validate_features_in_predict_input(result)
       return inputs._replace(next_batch=lambda: (inputs.next_batch()[0], None))
     return inputs
+
+  def _validate_features_in_predict_input(self, result):
+    """TF's warning for a prediction input that never ends."""
+    if not input_fn_lib.reads_dataset_or_queue(result):
+      tf.compat.v1.logging.warning(
+          'Input graph does not use tf.data.Dataset or contain a '
+          'QueueRunner. That means predict yields forever. '
+          'This is probably a mistake.')
 
   def _input_fn_params(self, mode):
     """The `params` input_fn gets in `mode`: a copy of the estimator's."""

@@ -17,8 +17,8 @@ from typing import Any, Callable, Mapping
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator.estimator import check_fn_args
+from tpu_fc.estimator.model_fn import LOSS_METRIC_KEY
 
-_LOSS = 'loss'
 _COMPARE_FN_ARGS = frozenset(['best_eval_result', 'current_eval_result'])
 _EXPORT_VERSION_DIGITS = 10  # the seconds timestamp export_saved_model names dirs by
 
@@ -158,13 +158,14 @@ class FinalExporter(_SavedModelExporter, Exporter):
 
 def _loss_smaller(best_eval_result, current_eval_result):
   """BestExporter's default `compare_fn`: True if the current loss is smaller."""
-  if not best_eval_result or _LOSS not in best_eval_result:
+  if not best_eval_result or LOSS_METRIC_KEY not in best_eval_result:
     raise ValueError(
         'best_eval_result cannot be empty or no loss is found in it.')
-  if not current_eval_result or _LOSS not in current_eval_result:
+  if not current_eval_result or LOSS_METRIC_KEY not in current_eval_result:
     raise ValueError(
         'current_eval_result cannot be empty or no loss is found in it.')
-  return best_eval_result[_LOSS] > current_eval_result[_LOSS]
+  return (best_eval_result[LOSS_METRIC_KEY] >
+          current_eval_result[LOSS_METRIC_KEY])
 
 
 def _verify_compare_fn_args(compare_fn):

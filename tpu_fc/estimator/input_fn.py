@@ -50,6 +50,20 @@ def parse_input_fn_result(result):
                 batch_of(again) if again else None)
 
 
+def reads_dataset_or_queue(result):
+  """Whether an input_fn's `result` comes from a Dataset or a queue, by TF's
+  test: a Dataset, top-level feature tensors of an `IteratorGetNext`, or
+  queue runners in the graph.  Without either, predict yields forever."""
+  if isinstance(result, tf.data.Dataset):
+    return True
+  features = result[0] if isinstance(result, (list, tuple)) else result
+  if any(leaf.op.type == 'IteratorGetNext'
+         for leaf in tf.nest.flatten(features) if isinstance(leaf, tf.Tensor)):
+    return True
+  return bool(tf.compat.v1.get_collection(
+      tf.compat.v1.GraphKeys.QUEUE_RUNNERS))
+
+
 _GET_NEXT_OPS = ('IteratorGetNext', 'IteratorGetNextSync')
 
 

@@ -26,6 +26,8 @@ class ModeKeys(object):
   PREDICT = 'infer'
 
 
+# The metric of an evaluation's mean loss (TF's `model_fn.LOSS_METRIC_KEY`).
+LOSS_METRIC_KEY = 'loss'
 _GRAPH_ERROR = (
     '{0} with "{1}" must be from the default graph. '
     'Possible causes of this error include: \n\n'
@@ -265,6 +267,9 @@ class BuiltGraph(NamedTuple):
     (`session.run` runs that many steps), or None: no loop.
   eval_loss: an evaluation loop's `(mean loss, the loop)` metric, or None:
     the mean of `spec.loss` over the runs.
+  runs_per_prediction_batch: the prediction runs whose outputs make one
+    batch `predict(yield_single_examples=False)` yields (a TPU step's, its
+    cores' batches joined, when each run predicts one core's batch).
   """
   spec: EstimatorSpec
   checkpoint_names: dict[str, tf.Variable] | None = None
@@ -272,6 +277,7 @@ class BuiltGraph(NamedTuple):
   steps_per_run: int = 1
   loop_iterations: tf.Tensor | None = None
   eval_loss: tuple[tf.Tensor, tf.Operation] | None = None
+  runs_per_prediction_batch: int = 1
 
 
 def fields_of(spec, spec_class):

@@ -1,12 +1,10 @@
 """`RunConfig` of the Estimator: tensorflow-estimator 2.15's `run_config.py`.
 
-Same fields, defaults and error texts (tensorflow-estimator does not import on
-TF >= 2.16).  The cluster roles (task type and id, chief, master, ps and worker
-counts) come from `TF_CONFIG` exactly as `tf.estimator.RunConfig` read them, or
-from a `ClusterResolver` passed as `cluster`: a parameter-server cluster (one
-with a `ps` job; see `tpu_fc.estimator.distributed`) stands in for `TF_CONFIG`,
-another (a TPU's) gives the master and cluster spec.  The TPU's `RunConfig`
-(with `tpu_config`) is `tpu_fc.estimator.tpu.tpu_config.RunConfig`.
+Same arguments, fields, defaults and error texts (tensorflow-estimator does not
+import on TF >= 2.16).  The cluster roles (task type and id, chief, master, ps
+and worker counts) come from `TF_CONFIG` exactly as `tf.estimator.RunConfig`
+read them; the TPU's `RunConfig` (`tpu_fc.estimator.tpu.tpu_config.RunConfig`,
+with `tpu_config`) may take them from a `ClusterResolver` instead.
 """
 from __future__ import annotations
 
@@ -22,8 +20,15 @@ from tpu_fc._tf import tf
 _TF_CONFIG_ENV = 'TF_CONFIG'
 _LOCAL_MASTER = ''
 _GRPC_SCHEME = 'grpc://'
-CHIEF, WORKER, PS, EVALUATOR, MASTER = (
-    'chief', 'worker', 'ps', 'evaluator', 'master')
+
+
+class TaskType(object):
+  """The task types of a cluster, as `TF_CONFIG` names them (TF's)."""
+  MASTER = 'master'
+  PS = 'ps'
+  WORKER = 'worker'
+  CHIEF = 'chief'
+  EVALUATOR = 'evaluator'
 
 
 def read_tf_config():
@@ -68,7 +73,7 @@ def _checked_task(cluster_spec, task_type, task_id, chief_task_type):
   task_id = int(task_id)
   if task_id < 0:
     raise ValueError('Task index must be non-negative number.')
-  if task_type == EVALUATOR:  # not part of the training cluster
+  if task_type == TaskType.EVALUATOR:  # not part of the training cluster
     return task_type, task_id
   if task_type not in cluster_spec.jobs:
     raise ValueError(
@@ -86,9 +91,9 @@ def _checked_task(cluster_spec, task_type, task_id, chief_task_type):
 def _global_id_in_cluster(cluster_spec, task_type, task_id, chief_task_type):
   """Chief 0, then other jobs alphabetically, ps last (Estimator's order):
   the tasks of the jobs before `task_type`'s, plus `task_id`."""
-  others = sorted(set(cluster_spec.jobs) - {chief_task_type, PS})
+  others = sorted(set(cluster_spec.jobs) - {chief_task_type, TaskType.PS})
   ordered = ([chief_task_type] + others +
-             ([PS] if PS in cluster_spec.jobs else []))
+             ([TaskType.PS] if TaskType.PS in cluster_spec.jobs else []))
   before = ordered[:ordered.index(task_type)]
   return sum(len(cluster_spec.job_tasks(job)) for job in before) + task_id
 
@@ -111,9 +116,9 @@ def cluster_settings(cluster_spec, task_type, task_id, tf_config=None):
   """
   tf_config = tf_config or {}
   if not cluster_spec:
-    task_type = task_type or WORKER
+    task_type = task_type or TaskType.WORKER
     task_id = int(task_id or 0)
-    if task_type != WORKER:
+    if task_type != TaskType.WORKER:
       raise ValueError(
           'If "cluster" is not set in TF_CONFIG, task type must be WORKER.')
     if task_id != 0:
@@ -125,16 +130,16 @@ def cluster_settings(cluster_spec, task_type, task_id, tf_config=None):
         evaluation_master=tf_config.get('eval_session_master', _LOCAL_MASTER),
         is_chief=True, num_ps_replicas=0, num_worker_replicas=1,
         global_id_in_cluster=0)
-  chief_task_type = CHIEF
-  if MASTER in cluster_spec.jobs:
-    if CHIEF in cluster_spec.jobs:
+  chief_task_type = TaskType.CHIEF
+  if TaskType.MASTER in cluster_spec.jobs:
+    if TaskType.CHIEF in cluster_spec.jobs:
       raise ValueError('If `master` node exists in `cluster`, job '
                        '`chief` is not supported.')
-    chief_task_type = MASTER
+    chief_task_type = TaskType.MASTER
   task_type, task_id = _checked_task(cluster_spec, task_type, task_id,
                                      chief_task_type)
-  if task_type == EVALUATOR:
-    if chief_task_type == MASTER:
+  if task_type == TaskType.EVALUATOR:
+    if chief_task_type == TaskType.MASTER:
       raise ValueError('If `master` node exists in `cluster`, task_type '
                        '`evaluator` is not supported.')
     return dict(
@@ -149,22 +154,24 @@ def cluster_settings(cluster_spec, task_type, task_id, tf_config=None):
       master=_session_master(cluster_spec, task_type, task_id, tf_config),
       evaluation_master=_LOCAL_MASTER,
       is_chief=task_type == chief_task_type,
-      num_ps_replicas=len(jobs.get(PS, [])),
-      num_worker_replicas=(len(jobs.get(WORKER, [])) +
+      num_ps_replicas=len(jobs.get(TaskType.PS, [])),
+      num_worker_replicas=(len(jobs.get(TaskType.WORKER, [])) +
                            len(jobs.get(chief_task_type, []))),
       global_id_in_cluster=_global_id_in_cluster(cluster_spec, task_type,
                                                  task_id, chief_task_type))
 
 
 def _settings_from_tf_config(tf_config):
+  """The cluster roles and `service` of this task, from TF_CONFIG."""
   service = tf_config.get('service')
   if service is not None and not isinstance(service, dict):
     raise TypeError(
         'If "service" is set in TF_CONFIG, it must be a dict. Given %s' %
         type(service))
   task = tf_config.get('task', {})
-  return cluster_settings(tf.train.ClusterSpec(tf_config.get('cluster', {})),
-                          task.get('type'), task.get('index'), tf_config)
+  return dict(cluster_settings(
+      tf.train.ClusterSpec(tf_config.get('cluster', {})), task.get('type'),
+      task.get('index'), tf_config), service=service)
 
 
 def distributed_session_config(task_type, task_id):
@@ -174,10 +181,10 @@ def distributed_session_config(task_type, task_id):
   worker that is down or restarting stalls nobody else.  None for evaluators.
   """
   filters = {
-      MASTER: ['/job:ps', '/job:master'],
-      CHIEF: ['/job:ps', '/job:chief'],
-      WORKER: ['/job:ps', '/job:worker/task:%d' % task_id],
-      PS: ['/job:ps', '/job:worker', '/job:chief', '/job:master'],
+      TaskType.MASTER: ['/job:ps', '/job:master'],
+      TaskType.CHIEF: ['/job:ps', '/job:chief'],
+      TaskType.WORKER: ['/job:ps', '/job:worker/task:%d' % task_id],
+      TaskType.PS: ['/job:ps', '/job:worker', '/job:chief', '/job:master'],
   }.get(task_type)
   if filters is None:
     return None
@@ -197,21 +204,24 @@ _NO_STRATEGY = (
     'RunConfig({}=...): tpu_fc runs no tf.distribute strategy; a TPUEstimator '
     'splits its batch over TPUConfig(num_shards=...) emulated cores, and trains '
     'with parameter servers from TF_CONFIG (docs/scaling.md). Leave {} None.')
-# Keyword fields of `RunConfig.__init__`, all replaceable as in Estimator.
-KWARG_FIELDS = (
+# The keyword arguments `replace` takes, in TF's order (its error lists them),
+# and tpu_fc's `sync_replicas`.
+REPLACEABLE_FIELDS = (
     'model_dir', 'tf_random_seed', 'save_summary_steps',
     'save_checkpoints_steps', 'save_checkpoints_secs', 'session_config',
     'keep_checkpoint_max', 'keep_checkpoint_every_n_hours',
-    'log_step_count_steps', 'session_creation_timeout_secs',
-    'checkpoint_save_graph_def', 'device_fn', 'protocol', 'sync_replicas',
-    'experimental_max_worker_delay_secs') + _STRATEGY_FIELDS
+    'log_step_count_steps', 'train_distribute', 'device_fn', 'protocol',
+    'eval_distribute', 'experimental_distribute',
+    'experimental_max_worker_delay_secs', 'session_creation_timeout_secs',
+    'checkpoint_save_graph_def', 'sync_replicas')
 # The cluster-role properties: from TF_CONFIG or a parameter-server resolver.
 CLUSTER_FIELDS = ('cluster_spec', 'task_type', 'task_id', 'master',
-                   'evaluation_master', 'is_chief', 'num_ps_replicas',
-                   'num_worker_replicas', 'global_id_in_cluster')
+                  'evaluation_master', 'is_chief', 'num_ps_replicas',
+                  'num_worker_replicas', 'global_id_in_cluster', 'service')
 
-# (field, predicate, message): estimator run_config._validate_properties,
-# applied to every non-None value.
+# (field, predicate, message): estimator run_config._validate_properties, in
+# its order, applied to every non-None value; then tpu_fc's refusal of
+# distribution strategies.
 _PROPERTY_CHECKS = (
     ('model_dir', bool, 'model_dir should be non-empty'),
     ('save_summary_steps', lambda v: v >= 0,
@@ -230,12 +240,14 @@ _PROPERTY_CHECKS = (
      'log_step_count_steps should be > 0'),
     ('tf_random_seed', lambda v: isinstance(v, int),
      'tf_random_seed must be integer.'),
+    ('experimental_max_worker_delay_secs', lambda v: isinstance(v, int),
+     'experimental_max_worker_delay_secs must be an integer if set.'),
     ('session_creation_timeout_secs', lambda v: v > 0,
      'session_creation_timeout_secs should be > 0'),
     ('device_fn', lambda v: callable(v) and _fn_args(v) == ('op',),
      'device_fn must be callable with exactly one argument "op".'),
-    ('experimental_max_worker_delay_secs', lambda v: isinstance(v, int),
-     'experimental_max_worker_delay_secs must be an integer if set.'),
+    ('protocol', lambda v: v in ('grpc', 'grpc+verbs'),
+     'protocol should be grpc or grpc+verbs'),
 ) + tuple((name, lambda v: False, _NO_STRATEGY.format(name, name))
           for name in _STRATEGY_FIELDS)
 
@@ -244,10 +256,39 @@ def _fn_args(fn):
   return tuple(inspect.signature(fn).parameters)
 
 
-def validate(values):
+def validate(config):
+  """Raises TF's ValueError for the first property of `config` out of range."""
   for name, ok, message in _PROPERTY_CHECKS:
-    if values[name] is not None and not ok(values[name]):
+    value = getattr(config, name)
+    if value is not None and not ok(value):
       raise ValueError(message)
+
+
+def _refuse_parameter_server_strategy_v2(*strategies):
+  """TF's first check: the TF2 ParameterServerStrategy is not Estimator's."""
+  v2_strategy = tf.compat.v2.distribute.experimental.ParameterServerStrategy
+  if any(strategy is not None and strategy.__class__ == v2_strategy
+         for strategy in strategies):
+    raise ValueError('Please use `tf.compat.v1.distribute.experimental.Param'
+                     'eterServerStrategy` for parameter server strategy with '
+                     'estimator.')
+
+
+_TF_RUN_CONFIG = ('tensorflow_estimator.python.estimator.run_config',
+                  'RunConfig')
+
+
+def is_run_config(config):
+  """Whether an Estimator takes `config`: tpu_fc's `RunConfig`, or TF 2.15's
+  (`install()` leaves `tf.estimator.RunConfig` TF's there), a subclass too."""
+  return isinstance(config, RunConfig) or any(
+      (cls.__module__, cls.__name__) == _TF_RUN_CONFIG
+      for cls in type(config).__mro__)
+
+
+def synchronous(config):
+  """`config.sync_replicas`, tpu_fc's own (False for TF 2.15's RunConfig)."""
+  return getattr(config, 'sync_replicas', False)
 
 
 def path_to_str(path):
@@ -256,39 +297,29 @@ def path_to_str(path):
 
 
 def field(name):
-  # pylint: disable-next=protected-access
-  return property(lambda self: self._values[name])
+  """The read-only property `name` of a `RunConfig`, held as `_<name>` (as
+  TF's, so a subclass may set or read that attribute)."""
+  return property(lambda self: getattr(self, '_' + name))
 
 
 class RunConfig(object):
-  """Immutable run configuration (`tf.estimator.RunConfig`'s fields).
+  """Run configuration of an `Estimator`: `tf.estimator.RunConfig` (TF 2.15).
 
-  Keyword arguments are those of `tf.estimator.RunConfig` that the driver uses;
-  `save_checkpoints_secs` defaults to 600 when neither it nor
-  `save_checkpoints_steps` is given.  `cluster` is a `ClusterResolver` whose
-  master and cluster spec are taken as TF takes a TPU's, or a resolver of a
-  parameter-server cluster (one with a `ps` job, e.g. a `SimpleClusterResolver`
-  with task_type and task_id), which then stands in for `TF_CONFIG`.
+  Same arguments, defaults, checks and error texts.  Every argument and the
+  cluster roles read from `TF_CONFIG` are read-only attributes:
+  `cluster_spec`, `task_type`, `task_id`, `master`, `evaluation_master`
+  (TF_CONFIG's `session_master` and `eval_session_master`, else '' locally;
+  in a cluster this task's `grpc://` address and ''), `is_chief`,
+  `num_ps_replicas`, `num_worker_replicas`, `global_id_in_cluster` and
+  `service` (TF_CONFIG's `service` dict, None without one).  As TF's, the
+  values live in `_<name>` attributes: `replace`, `Estimator.config` and the
+  config a model_fn receives are deep copies, so a subclass's own state and
+  attributes set on an instance carry over.
 
-  `sync_replicas` (tpu_fc's own): in a parameter-server cluster, aggregate the
-  gradients of all training tasks every step, with `SyncReplicasOptimizer`
-  semantics, instead of training asynchronously (Estimator's default).
-
-  The cluster roles are read-only attributes: `cluster_spec`, `task_type`,
-  `task_id`, `master`, `evaluation_master`, `is_chief`, `num_ps_replicas`,
-  `num_worker_replicas`, `global_id_in_cluster`; so is every argument.
-  `TPUEstimator` takes the TPU's `RunConfig` (`tpu_fc.RunConfig`), whose
-  keyword arguments these are.
+  `TPUEstimator` takes the TPU's `RunConfig` (`tpu_fc.RunConfig`), which adds
+  `tpu_config`, `master`, `evaluation_master` and `cluster`.
 
   Args:
-    evaluation_master: the session target of evaluation; None: TF_CONFIG's
-      `eval_session_master`, else `master`.
-    master: the session target of training; None: TF_CONFIG's
-      `session_master`, else '' (in process) for a one-task or no cluster,
-      else this task's `grpc://` address (a TPU resolver's master with
-      `cluster`).
-    cluster: a `tf.distribute.cluster_resolver.ClusterResolver` (see above);
-      not with `master`.
     model_dir: where checkpoints and summaries go (a `pathlib` path too);
       None: TF_CONFIG's `model_dir`, else the estimator's `model_dir`
       argument, else a new temporary directory.
@@ -301,49 +332,48 @@ class RunConfig(object):
     save_checkpoints_secs: a checkpoint every this many seconds (600 when
       neither is given); both None: no checkpoints while training.
     session_config: the `tf.compat.v1.ConfigProto` of every session; None:
-      the Estimator's (soft placement, one Grappler pass; the emulated TPU
-      also turns Grappler's arithmetic optimizer off unless it is set).
+      the Estimator's (soft placement, one Grappler pass; in a cluster the
+      task's device filters; the emulated TPU also turns Grappler's
+      arithmetic optimizer off unless it is set).
     keep_checkpoint_max: the newest checkpoints kept; 0 or None: all.
     keep_checkpoint_every_n_hours: also keep one checkpoint every this many
       hours.
-    log_step_count_steps: `TPUEstimator` logs the step rate (on the emulated
-      TPU also the loss) every this many steps, rounded up to whole loops of
-      `iterations_per_loop`; None: never.
+    log_step_count_steps: the step rate (and an Estimator's loss) is logged
+      every this many steps (a `TPUEstimator`'s on the emulated TPU rounded
+      up to whole loops of `iterations_per_loop`); None: never.
+    train_distribute, eval_distribute, experimental_distribute: must be None:
+      tpu_fc runs no `tf.distribute` strategy.
+    device_fn: `op -> device` placing every op of the training graph; None:
+      Estimator's replica device setter in a parameter-server cluster.
+    protocol: the protocol of this task's server in a cluster ('grpc' or
+      'grpc+verbs'); None: TF's default.
+    experimental_max_worker_delay_secs: the longest a worker waits before it
+      starts training in `train_and_evaluate` (default 60 s).
     session_creation_timeout_secs: how long a session may wait to become
       available (a worker for the chief's) before failing.
     checkpoint_save_graph_def: whether checkpoints and summaries write the
       graph.
-    device_fn: `op -> device` placing every op of the training graph; None:
-      Estimator's replica device setter in a parameter-server cluster.
-    protocol: the protocol of this task's server in a cluster (e.g. 'grpc');
-      None: TF's default.
-    sync_replicas: see above (False: asynchronous training).
-    experimental_max_worker_delay_secs: the longest a worker waits before it
-      starts training in `train_and_evaluate` (default 60 s).
-    train_distribute, eval_distribute, experimental_distribute: must be None:
-      tpu_fc runs no `tf.distribute` strategy.
+    sync_replicas: tpu_fc's own: in a parameter-server cluster, aggregate the
+      gradients of all training tasks every step, with
+      `SyncReplicasOptimizer` semantics, instead of training asynchronously
+      (Estimator's default).
 
   Raises:
     ValueError: both checkpoint intervals set, an empty `model_dir` or one
-      other than TF_CONFIG's, both `master` and `cluster`, a value out of its
-      range (negative steps, seconds or counts; `keep_checkpoint_every_n_hours`,
+      other than TF_CONFIG's, a value out of its range (negative steps,
+      seconds or counts; `keep_checkpoint_every_n_hours`,
       `log_step_count_steps` or `session_creation_timeout_secs` <= 0), a
-      `tf_random_seed` or `experimental_max_worker_delay_secs` that is no int,
-      a `session_config` that is no `ConfigProto`, a `device_fn` not taking
-      exactly `op`, a distribution strategy, a TPU resolver with a
-      `session_config` that has a cluster def, or a TF_CONFIG whose cluster
-      and task do not fit (TF 2.15's checks).
+      `tf_random_seed` or `experimental_max_worker_delay_secs` that is no
+      int, a `session_config` that is no `ConfigProto`, a `device_fn` not
+      taking exactly `op`, another `protocol`, a distribution strategy, or a
+      TF_CONFIG whose cluster and task do not fit (TF 2.15's checks).
     TypeError: TF_CONFIG's `service` is not a dict.
   """
 
-  # Fields `replace` takes, all of the keyword arguments, as in Estimator.
-  REPLACEABLE = KWARG_FIELDS
+  # The keyword arguments `replace` takes.
+  REPLACEABLE = REPLACEABLE_FIELDS
 
   def __init__(self,
-               evaluation_master: str | None = None,
-               master: str | None = None,
-               cluster: Any = None,
-               *,
                model_dir: str | os.PathLike | None = None,
                tf_random_seed: int | None = None,
                save_summary_steps: int | None = 100,
@@ -353,15 +383,16 @@ class RunConfig(object):
                keep_checkpoint_max: int | None = 5,
                keep_checkpoint_every_n_hours: float = 10000,
                log_step_count_steps: int | None = 100,
-               session_creation_timeout_secs: float = 7200,
-               checkpoint_save_graph_def: bool = True,
+               train_distribute: None = None,
                device_fn: Callable[[tf.Operation], Any] | None = None,
                protocol: str | None = None,
-               sync_replicas: bool = False,
-               experimental_max_worker_delay_secs: int | None = None,
-               train_distribute: None = None,
                eval_distribute: None = None,
-               experimental_distribute: None = None):
+               experimental_distribute: None = None,
+               experimental_max_worker_delay_secs: int | None = None,
+               session_creation_timeout_secs: float = 7200,
+               checkpoint_save_graph_def: bool = True,
+               *,
+               sync_replicas: bool = False):
     if (save_checkpoints_steps is _USE_DEFAULT and
         save_checkpoints_secs is _USE_DEFAULT):
       save_checkpoints_steps, save_checkpoints_secs = None, 600
@@ -372,36 +403,12 @@ class RunConfig(object):
     elif (save_checkpoints_steps is not None and
           save_checkpoints_secs is not None):
       raise ValueError(_SAVE_CKPT_ERR)
+    _refuse_parameter_server_strategy_v2(train_distribute, eval_distribute)
     tf_config = read_tf_config()
     if tf_config:
       tf.compat.v1.logging.info('TF_CONFIG environment variable: %s', tf_config)
-    model_dir = _model_dir_in(tf_config, path_to_str(model_dir))
-    if master is not None and cluster is not None:
-      raise ValueError('Both master and cluster are set.')
-    tpu_cluster = cluster is not None and PS not in cluster.cluster_spec().jobs
-    if cluster is not None and not tpu_cluster:  # as if given by TF_CONFIG
-      settings = cluster_settings(cluster.cluster_spec(), cluster.task_type,
-                                  cluster.task_id)
-    else:
-      settings = _settings_from_tf_config(tf_config)
-    if master is not None:
-      settings['master'] = master
-    elif tpu_cluster:
-      settings['master'] = cluster.master()
-    if evaluation_master is not None:
-      settings['evaluation_master'] = evaluation_master
-    elif (not settings['evaluation_master'] and
-          settings['task_type'] != EVALUATOR):
-      settings['evaluation_master'] = settings['master']
-    if tpu_cluster:
-      settings['cluster_spec'] = cluster.cluster_spec()
-      session_config = _with_cluster_def(session_config,
-                                         settings['cluster_spec'])
-    elif session_config is None and settings['num_ps_replicas']:
-      session_config = distributed_session_config(settings['task_type'],
-                                                  settings['task_id'])
-    self._values = dict(
-        model_dir=model_dir,
+    self._set(
+        model_dir=_model_dir_in(tf_config, path_to_str(model_dir)),
         tf_random_seed=tf_random_seed,
         save_summary_steps=save_summary_steps,
         save_checkpoints_steps=save_checkpoints_steps,
@@ -410,18 +417,29 @@ class RunConfig(object):
         keep_checkpoint_max=keep_checkpoint_max,
         keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
         log_step_count_steps=log_step_count_steps,
-        session_creation_timeout_secs=session_creation_timeout_secs,
-        checkpoint_save_graph_def=checkpoint_save_graph_def,
+        train_distribute=train_distribute,
         device_fn=device_fn,
         protocol=protocol,
-        sync_replicas=sync_replicas,
-        experimental_max_worker_delay_secs=experimental_max_worker_delay_secs,
-        train_distribute=train_distribute,
         eval_distribute=eval_distribute,
         experimental_distribute=experimental_distribute,
-        cluster=cluster,
-        **settings)
-    validate(self._values)
+        experimental_max_worker_delay_secs=experimental_max_worker_delay_secs,
+        session_creation_timeout_secs=session_creation_timeout_secs,
+        checkpoint_save_graph_def=checkpoint_save_graph_def,
+        sync_replicas=sync_replicas)
+    validate(self)
+    self._set(**_settings_from_tf_config(tf_config))
+    self._maybe_overwrite_session_config_for_distributed_training()
+
+  def _set(self, **values):
+    for name, value in values.items():
+      setattr(self, '_' + name, value)
+
+  def _maybe_overwrite_session_config_for_distributed_training(self):
+    """Estimator's: a between-graph cluster's task gets its device filters
+    unless a session_config was given."""
+    if not self._session_config and self._cluster_spec:
+      self._session_config = distributed_session_config(self._task_type,
+                                                        self._task_id)
 
   model_dir = field('model_dir')
   tf_random_seed = field('tf_random_seed')
@@ -444,7 +462,6 @@ class RunConfig(object):
   experimental_distribute = field('experimental_distribute')
   master = field('master')
   evaluation_master = field('evaluation_master')
-  cluster = field('cluster')
   cluster_spec = field('cluster_spec')
   is_chief = field('is_chief')
   task_type = field('task_type')
@@ -452,9 +469,10 @@ class RunConfig(object):
   global_id_in_cluster = field('global_id_in_cluster')
   num_ps_replicas = field('num_ps_replicas')
   num_worker_replicas = field('num_worker_replicas')
+  service = field('service')
 
   def replace(self, **kwargs: Any) -> RunConfig:
-    """A copy with some keyword arguments changed, as `tf.estimator.RunConfig`'s.
+    """A deep copy with some keyword arguments changed, as `tf.estimator.RunConfig`'s.
 
     Setting one checkpoint interval to a value clears the other.
 
@@ -463,7 +481,8 @@ class RunConfig(object):
         `RunConfig`, also `tpu_config`).
 
     Returns:
-      A new `RunConfig` of this class.
+      A copy of this config (its class, its other attributes) with those
+      values.
 
     Raises:
       ValueError: a name that is not a keyword argument (the cluster roles
@@ -475,55 +494,29 @@ class RunConfig(object):
         raise ValueError(
             'Replacing {} is not supported. Allowed properties are {}.'.format(
                 key, list(self.REPLACEABLE)))
-    values = dict(self._values, **self._coerced(kwargs))
-    if 'model_dir' in kwargs:
-      values['model_dir'] = path_to_str(kwargs['model_dir'])
-    steps = values['save_checkpoints_steps']
-    secs = values['save_checkpoints_secs']
+    config = copy.deepcopy(self)
+    config._set(**self._coerced(kwargs))  # pylint: disable=protected-access
+    steps, secs = config.save_checkpoints_steps, config.save_checkpoints_secs
     if 'save_checkpoints_steps' in kwargs and 'save_checkpoints_secs' in kwargs:
       if steps is not None and secs is not None:
         raise ValueError(_SAVE_CKPT_ERR)
     elif 'save_checkpoints_steps' in kwargs and steps is not None:
-      values['save_checkpoints_secs'] = None
+      config._save_checkpoints_secs = None  # pylint: disable=protected-access
     elif 'save_checkpoints_secs' in kwargs and secs is not None:
-      values['save_checkpoints_steps'] = None
-    validate(values)
-    return self._from_values(values)
+      config._save_checkpoints_steps = None  # pylint: disable=protected-access
+    validate(config)
+    return config
 
   def _coerced(self, values):
     """`values` of fields as stored (a subclass converts its own fields)."""
+    if 'model_dir' in values:
+      return dict(values, model_dir=path_to_str(values['model_dir']))
     return values
 
-  @classmethod
-  def _from_values(cls, values):
-    config = cls.__new__(cls)
-    config._values = values  # pylint: disable=protected-access
-    return config
-
-  def __deepcopy__(self, memo):
-    # The cluster resolver is shared: it holds clients, not run state.
-    values = {k: v if k == 'cluster' else copy.deepcopy(v, memo)
-              for k, v in self._values.items()}
-    return self._from_values(values)
-
   def __repr__(self):
-    return 'RunConfig({})'.format(', '.join(
-        '{}={!r}'.format(k, v) for k, v in self._values.items()))
-
-
-def _with_cluster_def(session_config, cluster_spec):
-  """Copies `cluster_spec` into (a copy of) `session_config`, as TF does."""
-  if session_config is None:
-    session_config = tf.compat.v1.ConfigProto(
-        allow_soft_placement=True, isolate_session_state=True)
-  elif session_config.HasField('cluster_def'):
-    raise ValueError('You cannot provide a ClusterResolver and '
-                     'session_config.cluster_def.')
-  else:
-    session_config = copy.deepcopy(session_config)
-  if cluster_spec:
-    session_config.cluster_def.CopyFrom(cluster_spec.as_cluster_def())
-  return session_config
+    return '{}({})'.format(type(self).__name__, ', '.join(
+        '{}={!r}'.format(name.lstrip('_'), value)
+        for name, value in vars(self).items()))
 
 
 def default_session_config():

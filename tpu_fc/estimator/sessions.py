@@ -13,8 +13,8 @@ from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import input_errors
+from tpu_fc.estimator.model_fn import LOSS_METRIC_KEY
 
-_LOSS = 'loss'
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
 
 
@@ -33,8 +33,8 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
   spec = built.spec
   graph = tf.compat.v1.get_default_graph()
   summaries = graph.get_collection(tf.compat.v1.GraphKeys.SUMMARIES)
-  if not any(summary.op.name == _LOSS for summary in summaries):
-    tf.compat.v1.summary.scalar(_LOSS, spec.loss)
+  if not any(summary.op.name == LOSS_METRIC_KEY for summary in summaries):
+    tf.compat.v1.summary.scalar(LOSS_METRIC_KEY, spec.loss)
   graph.add_to_collection(tf.compat.v1.GraphKeys.LOSSES, spec.loss)
 
   worker_hooks = (list(hooks) + [tf.compat.v1.train.NanTensorHook(spec.loss)] +
@@ -86,7 +86,7 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
       save_summaries_steps=config.save_summary_steps,
       config=config.session_config,
       max_wait_secs=config.session_creation_timeout_secs,
-      log_step_count_steps=None,
+      log_step_count_steps=config.log_step_count_steps,
       save_graph_def=config.checkpoint_save_graph_def) as session:
     loss = None
     steps = 0
@@ -147,12 +147,13 @@ def evaluation_graph(built):
   """
   spec = built.spec
   eval_metric_ops = dict(spec.eval_metric_ops)
-  if _LOSS in eval_metric_ops:
+  if LOSS_METRIC_KEY in eval_metric_ops:
     raise ValueError(
-        'Metric with name "%s" is not allowed, because Estimator ' % _LOSS +
-        'already defines a default metric with the same name.')
-  eval_metric_ops[_LOSS] = (built.eval_loss or
-                            tf.compat.v1.metrics.mean(spec.loss))
+        'Metric with name "%s" is not allowed, because Estimator '
+        'already defines a default metric with the same name.' %
+        LOSS_METRIC_KEY)
+  eval_metric_ops[LOSS_METRIC_KEY] = (built.eval_loss or
+                                      tf.compat.v1.metrics.mean(spec.loss))
   metrics = sorted(eval_metric_ops.items())
   eval_dict = {name: value for name, (value, _) in metrics}
   update_ops = [update_op for _, (_, update_op) in metrics]
@@ -226,21 +227,41 @@ def predict(built, hooks, checkpoint_path, config, predict_keys,
           scaffold=spec.scaffold,
           config=config.session_config),
       hooks=list(hooks) + list(spec.prediction_hooks))
-  return _generate_predictions(session, predictions, yield_single_examples)
+  return _generate_predictions(session, predictions, yield_single_examples,
+                               built.runs_per_prediction_batch)
 
 
-def _generate_predictions(session, predictions, yield_single_examples):
+def _generate_predictions(session, predictions, yield_single_examples,
+                          runs_per_batch):
+  """Yields single examples, or batches of `runs_per_batch` runs' outputs
+  joined (the last one, at the input's end, of the runs left)."""
+  runs = []
   # The `with` ends the session quietly when input runs out (OutOfRange).
   with input_errors.explained(), session:
     while not session.should_stop():
       values = session.run(predictions)
       if not yield_single_examples:
-        yield values
+        runs.append(values)
+        if len(runs) == runs_per_batch:
+          yield _joined(runs)
+          runs = []
       elif not isinstance(predictions, dict):
         yield from values
       else:
         for i in range(_extract_batch_length(values)):
           yield {key: value[i] for key, value in values.items()}
+  if runs:
+    yield _joined(runs)
+
+
+def _joined(runs):
+  """The outputs of prediction runs, joined along the batch dimension."""
+  if len(runs) == 1:
+    return runs[0]
+  if isinstance(runs[0], dict):
+    return {key: np.concatenate([values[key] for values in runs])
+            for key in runs[0]}
+  return np.concatenate(runs)
 
 
 def _extract_keys(predictions, predict_keys):

@@ -40,7 +40,8 @@ _MAX_DELAY_SECS = 60
 _DELAY_SECS_PER_WORKER = 5
 _ERROR_LOG_INTERVAL_SECS = 600
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
-_TRAINER_JOBS = (run_config.CHIEF, run_config.MASTER, run_config.WORKER)
+_TRAINER_JOBS = (run_config.TaskType.CHIEF, run_config.TaskType.MASTER,
+                 run_config.TaskType.WORKER)
 _TENSORFLOW_ESTIMATOR_MODULE = 'tensorflow_estimator.'
 
 

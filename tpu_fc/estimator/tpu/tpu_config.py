@@ -6,6 +6,7 @@ error texts.
 from __future__ import annotations
 
 import collections
+import copy
 import re
 from typing import Any, Sequence
 
@@ -220,41 +221,113 @@ def coerce_tpu_config(tpu_config):
   })
 
 
+def _stands_in_for_tf_config(cluster):
+  """Whether `cluster` is a parameter-server cluster's resolver (one with a
+  `ps` job), which tpu_fc reads as TF_CONFIG (`tpu_fc.estimator.distributed`)."""
+  return (cluster is not None and
+          run_config.TaskType.PS in cluster.cluster_spec().jobs)
+
+
+def _with_cluster_def(session_config, cluster_spec):
+  """Copies `cluster_spec` into (a copy of) `session_config`, as TF does."""
+  if session_config is None:
+    session_config = tf.compat.v1.ConfigProto(
+        allow_soft_placement=True, isolate_session_state=True)
+  elif session_config.HasField('cluster_def'):
+    raise ValueError('You cannot provide a ClusterResolver and '
+                     'session_config.cluster_def.')
+  else:
+    session_config = copy.deepcopy(session_config)
+  if cluster_spec:
+    session_config.cluster_def.CopyFrom(cluster_spec.as_cluster_def())
+  return session_config
 
 
 class RunConfig(run_config.RunConfig):
-  """Immutable run configuration (legacy `tf.estimator.tpu.RunConfig`): the
-  Estimator's, with the `TPUConfig` first.
+  """Run configuration of a `TPUEstimator` (legacy `tf.estimator.tpu.RunConfig`):
+  the Estimator's, with the `TPUConfig` first.
 
-  What `TPUEstimator(config=...)` takes; `tpu_config` is one more read-only
-  attribute.
+  What `TPUEstimator(config=...)` takes; `tpu_config` and `cluster` are
+  read-only attributes too.  As TF's, `evaluation_master` is `master` unless
+  given (or set by TF_CONFIG), and no device filters are set for a cluster's
+  task, except (tpu_fc's parameter-server training) in a cluster with ps
+  tasks.
 
   Args:
     tpu_config: a `TPUConfig` (or an object with its fields, e.g. TF 2.15's);
       None: `TPUConfig()`.
-    evaluation_master, master, cluster, **kwargs: those of the Estimator's
-      `tpu_fc.estimator.run_config.RunConfig` (model_dir, checkpoint and
-      summary intervals, session_config, ...).
+    evaluation_master: the session target of evaluation; None: TF_CONFIG's
+      `eval_session_master`, else `master`.
+    master: the session target of training; None: TF_CONFIG's
+      `session_master`, else '' (in process) for a one-task or no cluster,
+      else this task's `grpc://` address (a TPU resolver's master with
+      `cluster`).
+    cluster: a `tf.distribute.cluster_resolver.ClusterResolver`: a TPU's
+      gives the master and the cluster spec (copied into the session config),
+      as TF takes it; a parameter-server cluster's (one with a `ps` job, e.g.
+      a `SimpleClusterResolver` with task_type and task_id) stands in for
+      `TF_CONFIG` (tpu_fc's).  Not with `master`.
+    **kwargs: those of the Estimator's `tpu_fc.estimator.run_config.RunConfig`
+      (model_dir, checkpoint and summary intervals, session_config, ...).
 
   Raises:
     TypeError: a `tpu_config` without `TPUConfig`'s fields.
-    ValueError: see the Estimator's `RunConfig` and `TPUConfig`.
+    ValueError: see the Estimator's `RunConfig` and `TPUConfig`; both `master`
+      and `cluster`; a TPU resolver with a `session_config` that has a
+      cluster def.
   """
 
-  REPLACEABLE = run_config.KWARG_FIELDS + ('tpu_config',)
+  REPLACEABLE = run_config.REPLACEABLE_FIELDS + ('tpu_config',)
 
   def __init__(self, tpu_config: TPUConfig | None = None,
                evaluation_master: str | None = None, master: str | None = None,
                cluster: Any = None, **kwargs: Any):
-    super().__init__(evaluation_master, master, cluster, **kwargs)
-    self._values['tpu_config'] = coerce_tpu_config(tpu_config)
+    super().__init__(**kwargs)
+    self._tpu_config = coerce_tpu_config(tpu_config)
+    self._cluster = cluster
+    if master is not None:
+      if cluster is not None:
+        raise ValueError('Both master and cluster are set.')
+      self._master = master
+    elif _stands_in_for_tf_config(cluster):
+      self._set(**run_config.cluster_settings(
+          cluster.cluster_spec(), cluster.task_type, cluster.task_id))
+      self._maybe_overwrite_session_config_for_distributed_training()
+    elif cluster:
+      self._master = cluster.master()
+      self._cluster_spec = cluster.cluster_spec()
+      self._session_config = _with_cluster_def(self._session_config,
+                                               self._cluster_spec)
+    if evaluation_master is not None:
+      self._evaluation_master = evaluation_master
+    elif (not self._evaluation_master and
+          self._task_type != run_config.TaskType.EVALUATOR):
+      self._evaluation_master = self._master
+
+  def _maybe_overwrite_session_config_for_distributed_training(self):
+    """A TPU trains in-graph: no device filters (TF's), but for a task of a
+    cluster with ps tasks (tpu_fc's parameter-server training)."""
+    if not self._session_config and self._num_ps_replicas:
+      self._session_config = run_config.distributed_session_config(
+          self._task_type, self._task_id)
 
   tpu_config = run_config.field('tpu_config')
+  cluster = run_config.field('cluster')
 
   def _coerced(self, values):
+    values = super()._coerced(values)
     if 'tpu_config' in values:
       values = dict(values, tpu_config=coerce_tpu_config(values['tpu_config']))
     return values
+
+  def __deepcopy__(self, memo):
+    """A deep copy sharing the cluster resolver (it holds clients, not run
+    state)."""
+    config = type(self).__new__(type(self))
+    memo[id(self)] = config
+    memo.setdefault(id(self._cluster), self._cluster)
+    config.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    return config
 
 
 def coerce_run_config(config):
@@ -268,12 +341,14 @@ def coerce_run_config(config):
   if config is None or not hasattr(config, 'tpu_config'):
     raise ValueError(
         '`config` must be provided with type `tpu_config.RunConfig`')
-  defaults = RunConfig()
-  values = {
-      name: getattr(config, name, getattr(defaults, name))
-      for name in run_config.KWARG_FIELDS + run_config.CLUSTER_FIELDS + ('cluster',)
-  }
-  values['model_dir'] = run_config.path_to_str(values['model_dir'])
-  values['tpu_config'] = coerce_tpu_config(config.tpu_config)
-  run_config.validate(values)
-  return RunConfig._from_values(values)  # pylint: disable=protected-access
+  result = RunConfig()
+  result._set(**{  # pylint: disable=protected-access
+      name: getattr(config, name, getattr(result, name))
+      for name in run_config.REPLACEABLE_FIELDS + run_config.CLUSTER_FIELDS +
+      ('cluster',)
+  })
+  result._set(  # pylint: disable=protected-access
+      model_dir=run_config.path_to_str(result.model_dir),
+      tpu_config=coerce_tpu_config(config.tpu_config))
+  run_config.validate(result)
+  return result

@@ -224,6 +224,7 @@ class TPUEstimator(estimator.Estimator):
     _check_arguments(config.tpu_config, params, use_tpu, train_batch_size,
                      eval_batch_size, predict_batch_size, eval_on_tpu,
                      embedding_config_spec)
+    estimator.verify_model_fn_args(model_fn, params)
     # Progress is logged by this class's hooks, so, as in TF, the config that
     # model_fn sees has log_step_count_steps=None.  The emulated TPU turns
     # Grappler's table-copying rewrite off; with `use_tpu=False` TF's graph
@@ -271,6 +272,9 @@ class TPUEstimator(estimator.Estimator):
     self._export_to_tpu = export_to_tpu
     self._export_to_cpu = export_to_cpu
     self._embedding_config_spec = embedding_config_spec
+
+  def _check_model_fn_args(self, model_fn, params):
+    """Checked before the config's checks, after the TPU's (TF's order)."""
 
   # Export --------------------------------------------------------------------
 
@@ -397,6 +401,13 @@ class TPUEstimator(estimator.Estimator):
     # The columns' record of their tables' names was read by the build: it
     # holds Python objects no checkpoint's meta graph can serialize.
     naming.forget_recorded_scopes(tf.compat.v1.get_default_graph())
+    if mode == ModeKeys.PREDICT and not self._running_on_cpu(mode):
+      # A TPU step predicts its cores' batches, joined (`tpu_estimator.py`,
+      # 2297-2301); each run here predicts one of them (under PER_HOST_V2
+      # a core's: 1016-1021).
+      pipeline = self._deployment(mode)
+      if pipeline.kind == input_pipeline.PER_HOST_V2:
+        built = built._replace(runs_per_prediction_batch=pipeline.num_cores)
     return built
 
   @contextlib.contextmanager
@@ -566,6 +577,9 @@ class TPUEstimator(estimator.Estimator):
     # (PREDICT runs the model once per batch of the input)
     return input_pipeline.per_step_input(
         calls, 1 if mode == ModeKeys.PREDICT else pipeline.batches_per_call)
+
+  def _validate_features_in_predict_input(self, result):
+    """None of Estimator's warning, as TF's TPUEstimator skips it."""
 
   def _input_fn_params(self, mode):
     """On the CPU: the mode's global batch size (`_call_input_fn` gives the

@@ -1,0 +1,283 @@
+"""The core `Estimator` and its `RunConfig` (`tpu_fc.estimator.estimator`,
+`run_config`): what `TPUEstimator` is built on, and what a TPUEstimator
+script's CPU/GPU twin runs where TF has no `tf.estimator`.  Expectations are
+derived by hand; on the legacy lane TF 2.15's own classes must meet them too
+(`lanes.DRIVERS`)."""
+import itertools
+import json
+import re
+
+import numpy as np
+import pytest
+
+from tpu_fc._tf import tf
+
+from harness import lanes
+
+pytestmark = pytest.mark.filterwarnings(
+    'ignore:`tf.layers.dense` is deprecated')
+
+X = np.array([[1., 1.], [1., 1.]], np.float32)
+
+
+def _input_fn():
+  return tf.data.Dataset.from_tensor_slices(({'x': X}, X[:, :1])).batch(2)
+
+
+def _model_fn_of(driver, record_config=None):
+  """One dense unit, squared error, gradient descent: `driver`'s
+  EstimatorSpec; `record_config` gets the config the model_fn receives."""
+
+  def model_fn(features, labels, mode, config):
+    if record_config is not None:
+      record_config(config)
+    logits = tf.compat.v1.layers.dense(features['x'], 1)
+    if mode == 'infer':
+      return driver.EstimatorSpec(mode, predictions={'logit': logits})
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    return driver.EstimatorSpec(
+        mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
+            0.1).minimize(loss, tf.compat.v1.train.get_global_step()))
+
+  return model_fn
+
+
+def _config_of_a_subclass(driver, model_dir, is_chief):
+  """A RunConfig subclass with state of its own, as TF's early-stopping
+  tests write one, and an attribute set on the instance."""
+
+  class ChiefOrNotConfig(driver.RunConfig):
+
+    def __init__(self):
+      super().__init__(model_dir=model_dir)
+      self._is_chief = is_chief
+
+    @property
+    def is_chief(self):
+      return self._is_chief
+
+  config = ChiefOrNotConfig()
+  config.i_am_test = True
+  return config
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('is_chief', [True, False], ids=['chief', 'not_chief'])
+def test_a_run_config_keeps_its_subclass_state_and_attributes(name, is_chief,
+                                                              tmp_path):
+  """`replace`, `Estimator.config` and the model_fn's config are copies of
+  the subclass with its attributes (TF deep-copies), so the early-stopping
+  hooks read `is_chief` from it: the chief's decides, another task's waits
+  for its signal."""
+  driver = lanes.core_driver(name)
+  config = _config_of_a_subclass(driver, str(tmp_path), is_chief)
+  received = []
+  estimator = driver.Estimator(_model_fn_of(driver, received.append),
+                               config=config)
+  replaced = config.replace(save_summary_steps=7)
+  copies = [replaced, estimator.config]
+  if is_chief:  # (another task's session would wait for the chief's)
+    estimator.train(_input_fn, steps=1)
+    copies.append(received[0])
+  for copy in copies:
+    assert type(copy).__name__ == 'ChiefOrNotConfig'
+    assert (copy.is_chief, copy.i_am_test, copy.model_dir) == (
+        is_chief, True, str(tmp_path))
+  assert (replaced.save_summary_steps, config.save_summary_steps) == (7, 100)
+  assert replaced is not config and estimator.config is not estimator.config
+  hook = driver.stop_if_no_decrease_hook(estimator, 'loss', 10)
+  assert type(hook).__name__ == ('_StopOnPredicateHook' if is_chief
+                                 else '_CheckForStoppingHook')
+
+
+@pytest.mark.legacy_only
+def test_tf_2_15s_run_config_serves_tpu_fcs_estimator(tmp_path):
+  """On TF 2.15 `install()` leaves `tf.estimator.RunConfig` TF's: tpu_fc's
+  core Estimator takes it, a subclass with its state too, as TF's does."""
+  ours = lanes.core_driver('tpu_fc')
+  config = _config_of_a_subclass(lanes.core_driver('tf'), str(tmp_path), True)
+  received = []
+  estimator = ours.Estimator(_model_fn_of(ours, received.append),
+                             config=config)
+  estimator.train(_input_fn, steps=1)
+  assert type(received[0]).__name__ == 'ChiefOrNotConfig'
+  assert received[0].i_am_test
+  assert estimator.evaluate(_input_fn, steps=1)['global_step'] == 1
+  assert type(ours.stop_if_no_decrease_hook(estimator, 'loss', 10)).__name__ == (
+      '_StopOnPredicateHook')
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_training_logs_the_loss_step_and_step_rate(name, tmp_path, tf_log):
+  """Every `log_step_count_steps` steps; a TPUEstimator logs its own way."""
+  driver = lanes.core_driver(name)
+  estimator = driver.Estimator(_model_fn_of(driver), config=driver.RunConfig(
+      model_dir=str(tmp_path), log_step_count_steps=2))
+  estimator.train(lambda: _input_fn().repeat(), steps=5)
+  logged = [re.sub(r'[\d.]+', 'N', message) for message in tf_log
+            if re.match(r'loss = |global_step/sec', message)]
+  assert logged == ['loss = N, step = N', 'global_step/sec: N',
+                    'loss = N, step = N (N sec)', 'global_step/sec: N',
+                    'loss = N, step = N (N sec)']
+
+
+# TF_CONFIG -> (service, master, evaluation_master, device filters) of the
+# core RunConfig, then of the TPU's, which copies master into an unset
+# evaluation_master (outside an evaluator) and sets no device filters.
+CLUSTER = {'chief': ['host0:2222'], 'worker': ['host1:2222']}
+SETTINGS = [
+    (None, (None, '', '', None), (None, '', '', None)),
+    ({'service': {'tpu_worker_job_name': 'w'}},
+     ({'tpu_worker_job_name': 'w'}, '', '', None),
+     ({'tpu_worker_job_name': 'w'}, '', '', None)),
+    ({'session_master': 'grpc://m:1'},
+     (None, 'grpc://m:1', '', None), (None, 'grpc://m:1', 'grpc://m:1', None)),
+    ({'eval_session_master': 'grpc://e:1'},
+     (None, '', 'grpc://e:1', None), (None, '', 'grpc://e:1', None)),
+    ({'cluster': CLUSTER, 'task': {'type': 'worker', 'index': 0}},
+     (None, 'grpc://host1:2222', '', ['/job:ps', '/job:worker/task:0']),
+     (None, 'grpc://host1:2222', 'grpc://host1:2222', None)),
+    ({'cluster': CLUSTER, 'task': {'type': 'evaluator', 'index': 0},
+      'eval_session_master': 'grpc://e:1'},
+     (None, '', 'grpc://e:1', None), (None, '', 'grpc://e:1', None)),
+]
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('tf_config,core,tpu', SETTINGS,
+                         ids=['local', 'service', 'session_master',
+                              'eval_session_master', 'worker', 'evaluator'])
+def test_service_master_and_evaluation_master_from_tf_config(
+    monkeypatch, name, tf_config, core, tpu):
+  if tf_config is None:
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+  else:
+    monkeypatch.setenv('TF_CONFIG', json.dumps(tf_config))
+  driver = lanes.core_driver(name)
+
+  def settings(config):
+    return (config.service, config.master, config.evaluation_master,
+            list(config.session_config.device_filters)
+            if config.session_config else None)
+
+  assert settings(driver.RunConfig()) == core
+  assert settings(driver.TPURunConfig()) == tpu
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('tf_config,error', [
+    ({'task': {'type': 'ps', 'index': 0}}, (
+        ValueError, 'If "cluster" is not set in TF_CONFIG, task type must be '
+        'WORKER.')),
+    ({'task': {'type': 'worker', 'index': 1}}, (
+        ValueError, 'If "cluster" is not set in TF_CONFIG, task index must '
+        'be 0.')),
+    ({'service': 789}, (
+        TypeError, 'If "service" is set in TF_CONFIG, it must be a dict. '
+        "Given <class 'int'>")),
+], ids=['local_ps', 'local_index', 'service'])
+def test_tf_config_errors(monkeypatch, name, tf_config, error):
+  monkeypatch.setenv('TF_CONFIG', json.dumps(tf_config))
+  driver = lanes.core_driver(name)
+  for run_config_class in (driver.RunConfig, driver.TPURunConfig):
+    assert _constructed(run_config_class) == error
+
+
+def _overriding(base, member, class_name='Overriding'):
+  """A subclass of `base` defining `member` (same qualified name for tpu_fc's
+  and TF's bases, so their errors read alike)."""
+  def method(self, *args, **kwargs):
+    del self, args, kwargs
+  return type(class_name, (base,), {member: method,
+                                    '__module__': __name__})
+
+
+def _constructed(make):
+  try:
+    make()
+  except (TypeError, ValueError) as error:
+    return type(error), str(error)
+  return 'constructed'
+
+
+REFUSED = ("Subclasses of Estimator cannot override members of Estimator. "
+           "<class '{}.Overriding'> does override ['{}']")
+CONSTRUCTION = {
+    'no_model_fn': (
+        lambda d, m: d.Estimator(model_fn=None, model_dir=m),
+        (ValueError, 'model_fn must be provided to Estimator.')),
+    'config_checked_before_model_fn': (
+        lambda d, m: d.Estimator(model_fn=None, config='NotARunConfig'),
+        (ValueError, 'config must be an instance of `RunConfig`, but '
+         'provided NotARunConfig.')),
+    'overrides_predict': (
+        lambda d, m: _overriding(d.Estimator, 'predict')(
+            _model_fn_of(d), model_dir=m),
+        (ValueError, REFUSED.format(__name__, 'predict'))),
+    'overrides_a_private_member': (
+        lambda d, m: _overriding(d.Estimator, '_call_input_fn')(
+            _model_fn_of(d), model_dir=m),
+        (ValueError, REFUSED.format(__name__, '_call_input_fn'))),
+    'adds_a_member': (
+        lambda d, m: _overriding(d.Estimator, 'predict_proba')(
+            _model_fn_of(d), model_dir=m), 'constructed'),
+    'overrides_an_allowed_member': (
+        lambda d, m: _overriding(d.Estimator, 'latest_checkpoint')(
+            _model_fn_of(d), model_dir=m), 'constructed'),
+    'tpu_estimator_subclass_overrides_train': (
+        lambda d, m: _overriding(d.TPUEstimator, 'train')(
+            lambda features, labels, mode, params: None, use_tpu=False,
+            config=d.TPURunConfig(model_dir=m)),
+        (ValueError, REFUSED.format(__name__, 'train'))),
+    'a_class_named_tpu_estimator_is_exempt': (
+        lambda d, m: _overriding(d.TPUEstimator, 'train', 'TPUEstimator')(
+            lambda features, labels, mode, params: None, use_tpu=False,
+            config=d.TPURunConfig(model_dir=m)), 'constructed'),
+}
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('case', sorted(CONSTRUCTION))
+def test_estimator_construction_checks_in_tfs_order_and_words(name, case,
+                                                              tmp_path):
+  make, expected = CONSTRUCTION[case]
+  driver = lanes.core_driver(name)
+  assert _constructed(lambda: make(driver, str(tmp_path))) == expected
+
+
+NEVER_ENDS = ('Input graph does not use tf.data.Dataset or contain a '
+              'QueueRunner. That means predict yields forever. This is '
+              'probably a mistake.')
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_predict_warns_of_an_input_that_never_ends(name, tmp_path, tf_log):
+  """Features computed from constants: TF's warning, and the predictions
+  (model as initialized) go on; from a Dataset or its iterator: no warning.
+  TPUEstimator gives none (TF's skips the check)."""
+  driver = lanes.core_driver(name)
+  estimator = driver.Estimator(_model_fn_of(driver), model_dir=str(tmp_path))
+  inputs = {
+      'constant': lambda: {'x': tf.constant(X)},
+      'dataset': lambda: _input_fn().map(lambda x, y: x),
+      'iterator': lambda: tf.compat.v1.data.make_one_shot_iterator(
+          _input_fn()).get_next(),
+  }
+  warned = {}
+  for kind, input_fn in inputs.items():
+    del tf_log[:]
+    assert len(list(itertools.islice(
+        estimator.predict(input_fn), 5))) == (5 if kind == 'constant' else 2)
+    warned[kind] = NEVER_ENDS in tf_log
+  assert warned == {'constant': True, 'dataset': False, 'iterator': False}
+  del tf_log[:]
+
+  def tpu_model_fn(features, labels, mode, params):
+    del labels, params
+    return driver.EstimatorSpec(mode, predictions={'x': features['x']})
+
+  tpu_estimator = driver.TPUEstimator(
+      tpu_model_fn, use_tpu=False,
+      config=driver.TPURunConfig(model_dir=str(tmp_path / 'tpu')))
+  next(tpu_estimator.predict(lambda params: inputs['constant']()))
+  assert NEVER_ENDS not in tf_log
