@@ -6,7 +6,9 @@ the host: TRAIN and EVAL build the model_fn once per shard around the spec's
 lookup backends (`emulation`), in TF's in-graph loops (`loops`); PREDICT and
 export look up on the CPU, as TPUEstimator's default lookup device does for
 inference.  What it adds to the Estimator is in `_build_mode_graph` and the
-hooks it overrides: batch sizes and `params['context']`, the TPU's checks.
+hooks it overrides: batch sizes and `params['context']`, the TPU's checks, the
+spec's tables split over a ps cluster (`ps_tables`) and their updates through
+its synchronous replicas, failed input checks shown as their message.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import contextlib
 import copy
 import math
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -23,6 +25,7 @@ from tpu_fc import columns as columns_lib
 from tpu_fc import naming
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import estimator
+from tpu_fc.estimator import input_errors
 from tpu_fc.estimator import model_fn as model_fn_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
@@ -30,6 +33,7 @@ from tpu_fc.estimator.model_fn import ModeKeys
 from tpu_fc.estimator.tpu import emulation
 from tpu_fc.estimator.tpu import input_pipeline
 from tpu_fc.estimator.tpu import loops
+from tpu_fc.estimator.tpu import ps_tables
 from tpu_fc.estimator.tpu import replication
 from tpu_fc.estimator.tpu import tpu_config
 from tpu_fc.estimator.tpu import tpu_context
@@ -39,6 +43,7 @@ from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
 from tpu_fc.estimator.tpu.tpu_estimator_spec import HostCallHook
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
+from tpu_fc.lookup import inputs as lookup_inputs
 
 _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
@@ -113,6 +118,12 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
               categorical.key, value.dtype.name, categorical.name))
 
 
+def _input_checks_explained():
+  """The emulated TPU's failed input checks shown as their message alone
+  (`inputs.input_check`), and the Estimator's own input errors explained."""
+  return input_errors.explained(lookup_inputs.failed_check)
+
+
 def _rate_log_cadence(iterations, log_step_count_steps):
   """(every_n_steps, every_n_secs) of TPUEstimator's progress logs, CPU or TPU.
 
@@ -147,6 +158,15 @@ class TPUEstimator(estimator.Estimator):
   engine trains their tables with the spec's optimizer and the TPU's update
   rules; `iterations_per_loop` steps run in one `session.run`.  Prediction
   and export look up on the CPU.
+
+  Its `config` has `log_step_count_steps` None, as TF's (its own hooks log).
+  Its `model_fn`, and every export, runs the model as TF 2.15's exports it:
+  on the CPU, `params['use_tpu']` False, no `params['batch_size']`, a
+  `TPUEstimatorSpec` turned into its `EstimatorSpec`, every embedding looked
+  up on the CPU from the trained tables, whatever the columns' training
+  lookup device.  An export with `export_to_tpu=True` adds no TPU meta graph
+  without a TPU (logged); one with both `export_to_cpu` and `export_to_tpu`
+  False raises a `ValueError`.
 
   Args:
     model_fn: `(features, labels, mode, params[, config]) ->
@@ -313,6 +333,135 @@ class TPUEstimator(estimator.Estimator):
       return to_estimator_spec(self._call_model_fn(
           features, labels, mode, config, params))
 
+  # Modes ---------------------------------------------------------------------
+
+  def train(self, input_fn: Callable[..., Any],
+            hooks: Iterable[Any] | None = None, steps: int | None = None,
+            max_steps: int | None = None,
+            saving_listeners: Iterable[Any] | None = None) -> TPUEstimator:
+    """Trains from the latest checkpoint in model_dir (or from scratch).
+
+    `steps` more steps, up to global step `max_steps`, or until input ends.
+    On a ps task of a cluster, serves variables instead, until stopped (where
+    TF raised, so that one script can run on every task); on an evaluator
+    task, raises as TF did (`train_and_evaluate` evaluates there).
+
+    Without a checkpoint, warm-starts from `warm_start_from` if given.  One
+    run trains a (local) model_dir at a time: a second fails at once instead
+    of overwriting the first's checkpoints.  A failed step loses no
+    checkpoint.
+    Bad input fails the step with an error naming the feature
+    (`docs/bad_input.md`).
+
+    Args:
+      input_fn: `(params[, mode, config, input_context]) -> Dataset` of
+        `(features, labels)` (or `features, labels` tensors); it must take
+        `params` (`params['batch_size']`, and on the emulated TPU
+        `params['context']`).
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this training.
+      steps: how many steps to train this call (a positive int); None: until
+        `max_steps` or the input's end.
+      max_steps: the global step to stop at (a positive int); training that
+        already reached it returns at once.  Not with `steps`.
+      saving_listeners: `tf.compat.v1.train.CheckpointSaverListener`s called
+        around each checkpoint save (need a checkpoint interval).
+
+    Returns:
+      This estimator.
+
+    Raises:
+      ValueError: on an evaluator task; both `steps` and `max_steps`, or one
+        <= 0; listeners without checkpoint saving; the model_fn's or
+        input_fn's arguments (they must take `params`; labels
+        given to a model_fn without `labels`); a spec the mode cannot run; on
+        the emulated TPU, a batch not divisible by the cores or a feature of
+        unknown static shape.
+      TypeError: a hook or listener of another type.
+      RuntimeError: another run is training this model_dir.
+      PermissionError: `model_dir` is not writable.
+    """
+    with _input_checks_explained():
+      return super().train(input_fn, hooks, steps, max_steps, saving_listeners)
+
+  def evaluate(self, input_fn: Callable[..., Any], steps: int | None = None,
+               hooks: Iterable[Any] | None = None,
+               checkpoint_path: str | None = None,
+               name: str | None = None) -> dict[str, Any]:
+    """Evaluates `steps` batches (None: until input ends) of a checkpoint.
+
+    Returns the metrics dict with `loss` and `global_step`; summaries go to
+    `eval_dir(name)`.
+
+    The checkpoint is held while it is read, so a trainer's
+    `keep_checkpoint_max` cannot delete it meanwhile.  Without a checkpoint,
+    the model is evaluated as initialized (logged).  On the emulated TPU
+    (`use_tpu=True`, `eval_on_tpu=True`) it runs all `steps` in
+    one `session.run`, metrics over all shards, with no table update.
+
+    Args:
+      input_fn: as in `train`.
+      steps: batches to evaluate (a positive int); None: until the input
+        ends.  The emulated TPU needs it.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this evaluation.
+      checkpoint_path: the checkpoint to evaluate; None: the latest.
+      name: the evaluation's name, for evaluations on several data sets
+        (summaries in `eval_dir(name)`); None: the default.
+
+    Returns:
+      Metric name -> value: the `eval_metric_ops` (or the `metric_fn`'s)
+      metrics, `loss` (its mean over the batches) and `global_step`.
+
+    Raises:
+      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
+        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
+        checks of the model_fn and input_fn.
+      TypeError: a hook of another type; on the emulated TPU, `steps` not an
+        int.
+      RuntimeError: on the emulated TPU, a model_fn returning an
+        `EstimatorSpec` (evaluation there needs a `TPUEstimatorSpec`).
+      PermissionError: `eval_dir(name)` is not writable.
+    """
+    with _input_checks_explained():
+      return super().evaluate(input_fn, steps, hooks, checkpoint_path, name)
+
+  def predict(self, input_fn: Callable[..., Any],
+              predict_keys: Iterable[str] | None = None,
+              hooks: Iterable[Any] | None = None,
+              checkpoint_path: str | None = None,
+              yield_single_examples: bool = True) -> Iterator[Any]:
+    """Yields predictions (dicts, or the tensor's values) until input ends.
+
+    A generator: it builds, restores and raises when first iterated.  With
+    `use_tpu=True` it looks up on the CPU, as TF's default
+    lookup device does for inference, runs the model_fn once per input batch
+    (under `PER_HOST_V2` a core's) and pads a short last batch, dropping the
+    padding's predictions.
+
+    Args:
+      input_fn: as in `train`; labels it returns are ignored.
+      predict_keys: the keys of a predictions dict to compute; None: all.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
+      checkpoint_path: the checkpoint to predict with; None: the latest (none:
+        the model as initialized, logged).
+      yield_single_examples: True: one example at a time (each tensor split
+        along its first dimension); False: whole batches.
+
+    Yields:
+      Per example (or batch): a dict of the predictions' values, or the value
+      of a single predictions tensor.
+
+    Raises:
+      ValueError: `predict_keys` with non-dict predictions or naming none of
+        them, predictions of different batch sizes (single examples),
+        `checkpoint_path` not a checkpoint, and `train`'s checks of the
+        model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
+        or one not divisible by the cores.
+      TypeError: a hook of another type.
+    """
+    with _input_checks_explained():
+      yield from super().predict(input_fn, predict_keys, hooks,
+                                 checkpoint_path, yield_single_examples)
+
   # Training ------------------------------------------------------------------
 
   def _stop_hooks(self, built, steps, max_steps):
@@ -414,18 +563,18 @@ class TPUEstimator(estimator.Estimator):
   def _cluster_training(self, mode):
     """Estimator's, with the tables split over the ps tasks."""
     spec = self._embedding_config_spec
-    partitioned = (mode == ModeKeys.TRAIN and
+    partitioned = (spec is not None and mode == ModeKeys.TRAIN and
                    distributed.is_parameter_server_cluster(self._config))
-    with (distributed.partitioned_tables(spec, self._config.num_ps_replicas)
-          if partitioned else contextlib.nullcontext()):
-      if (partitioned and self._config.sync_replicas and spec is not None and
-          spec.pipeline_execution_with_tensor_core):
-        raise ValueError(
-            'RunConfig(sync_replicas=True) does not support '
-            'pipeline_execution_with_tensor_core=True: its parked table updates '
-            'cannot be aggregated across workers.')
-      with super()._cluster_training(mode) as sync:
-        yield sync
+    if (partitioned and self._config.sync_replicas and
+        spec.pipeline_execution_with_tensor_core):
+      raise ValueError(
+          'RunConfig(sync_replicas=True) does not support '
+          'pipeline_execution_with_tensor_core=True: its parked table updates '
+          'cannot be aggregated across workers.')
+    with (ps_tables.partitioned(spec, self._config.num_ps_replicas)
+          if partitioned else contextlib.nullcontext()), \
+        super()._cluster_training(mode) as sync:
+      yield sync
 
   def _build_model(self, features, labels, mode, sync=None, loop_body=None):
     """Builds the model for `mode`; returns its `BuiltGraph`.
