@@ -340,7 +340,7 @@ class Estimator(object):
     Raises:
       ValueError: no `serving_input_receiver_fn`, no checkpoint to export,
         `checkpoint_path` not a checkpoint, the graph needs variables the
-        checkpoint lacks, or a subclass's export settings forbid it.
+        checkpoint lacks, or the estimator's export settings forbid it.
     """
     if not serving_input_receiver_fn:
       raise ValueError('An input_receiver_fn must be defined.')
