@@ -170,9 +170,10 @@ class SyncReplicas:
     """(accumulate op, average gradient): the gradient through `variable`'s accumulator."""
     shared_name = variable.op.name + '/grad_accum'
     sparse = isinstance(gradient, tf.IndexedSlices)
+    # The accumulator and what the chief takes from it are on the chief's side.
     with tf.device(variable.device):
-      with _chief_side():  # the accumulator and what the chief takes from it
-        if sparse:
+      if sparse:
+        with _chief_side():
           accumulator = tf.compat.v1.SparseConditionalAccumulator(
               gradient.dtype, shape=variable.shape, shared_name=shared_name,
               reduction_type='SUM')
@@ -184,17 +185,16 @@ class SyncReplicas:
           average = tf.IndexedSlices(
               total / tf.cast(self._replicas, total.dtype), rows,
               taken.dense_shape)
-        else:
-          accumulator = tf.compat.v1.ConditionalAccumulator(
-              gradient.dtype, shape=variable.shape, shared_name=shared_name)
-          average = accumulator.take_grad(self._replicas)
-      if sparse:
         accumulate = accumulator.apply_indexed_slices_grad(
             tf.IndexedSlices(gradient.values,
                              tf.cast(gradient.indices, tf.int64),
                              tf.constant(variable.shape.as_list(), tf.int64)),
             local_step=self._local_step)
       else:
+        with _chief_side():
+          accumulator = tf.compat.v1.ConditionalAccumulator(
+              gradient.dtype, shape=variable.shape, shared_name=shared_name)
+          average = accumulator.take_grad(self._replicas)
         accumulate = accumulator.apply_grad(gradient,
                                             local_step=self._local_step)
     self._accumulators.append((accumulator, variable.device))

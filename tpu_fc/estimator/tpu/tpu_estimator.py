@@ -7,16 +7,18 @@ lookup backends (`emulation`), in TF's in-graph loops (`loops`); PREDICT and
 export look up on the CPU, as TPUEstimator's default lookup device does for
 inference.  What it adds to the Estimator is in `_build_mode_graph` and the
 hooks it overrides: batch sizes and `params['context']`, the TPU's checks, the
-spec's tables split over a ps cluster (`ps_tables`) and their updates through
-its synchronous replicas, failed input checks shown as their message.
+spec's tables split over a ps cluster's tasks (`_partitioned_tables`) and
+updated through its synchronous replicas, failed input checks shown as their
+message.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -33,13 +35,11 @@ from tpu_fc.estimator.model_fn import ModeKeys
 from tpu_fc.estimator.tpu import emulation
 from tpu_fc.estimator.tpu import input_pipeline
 from tpu_fc.estimator.tpu import loops
-from tpu_fc.estimator.tpu import ps_tables
 from tpu_fc.estimator.tpu import replication
 from tpu_fc.estimator.tpu import tpu_config
 from tpu_fc.estimator.tpu import tpu_context
 from tpu_fc.estimator.tpu.tpu_config import check_positive_integer
 from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
-from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
 from tpu_fc.estimator.tpu.tpu_estimator_spec import HostCallHook
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
@@ -118,12 +118,6 @@ def _check_predict_ids_untransformed(features, embedding_config_spec):
               categorical.key, value.dtype.name, categorical.name))
 
 
-def _input_checks_explained():
-  """The emulated TPU's failed input checks shown as their message alone
-  (`inputs.input_check`), and the Estimator's own input errors explained."""
-  return input_errors.explained(lookup_inputs.failed_check)
-
-
 def _rate_log_cadence(iterations, log_step_count_steps):
   """(every_n_steps, every_n_secs) of TPUEstimator's progress logs, CPU or TPU.
 
@@ -136,6 +130,60 @@ def _rate_log_cadence(iterations, log_step_count_steps):
   if log_step_count_steps is None:
     return None, None
   return int(math.ceil(log_step_count_steps / iterations.value)), None
+
+
+@contextlib.contextmanager
+def _partitioned_tables(embedding_config_spec, num_parts):
+  """Creates the spec's tables inside as `num_parts` row-wise parts (div layout):
+  the `<table>/part_N` variables TPUEstimator created in a ps cluster, part N
+  and its optimizer slots on ps N (`distributed`'s ps strategy), so each ps
+  applies the updates of its own rows.  Checkpoints hold each table as one
+  variable saved in slices: they restore on one host.
+
+  Only the tables are split; a table the model_fn already partitions keeps its
+  partitioner.  Tables made with `get_variable` (the host engine, `input_layer`,
+  shared columns) get the partitioner through a custom getter on the root
+  variable scope, as Estimator users put one on their scope; those of Keras's
+  `DenseFeatures`, which bypasses variable scopes, through a variable creator
+  that builds them with `get_variable` instead.
+  """
+  layout = embedding_config_spec.embedding_layout()
+  by_name = {naming.engine_table(table.name): table.initializer
+             for table in layout.tables}
+  by_column = [(feature.column, layout.table(feature.table).initializer)
+               for feature in layout.features if feature.column is not None]
+  partitioner = tf.compat.v1.fixed_size_partitioner(num_parts)
+  graph = tf.compat.v1.get_default_graph()
+
+  def initializer_of(name):
+    """A table's initializer if variable `name` is one of the spec's tables,
+    else None: the host engine's (`tpu_embedding/<table>`), and those the
+    feature columns create on the CPU path, under any scope."""
+    of_columns = (initializer for column, initializer in by_column
+                  if naming.is_column_variable(name, column))
+    return by_name.get(name, next(of_columns, None))
+
+  def partitioning_getter(getter, name, *args, **kwargs):
+    if initializer_of(name) is not None and kwargs.get('partitioner') is None:
+      kwargs['partitioner'] = partitioner
+    return getter(name, *args, **kwargs)
+
+  def partitioning_creator(next_creator, **kwargs):
+    name = '/'.join(part for part in (graph.get_name_scope(),
+                                      kwargs.get('name')) if part)
+    initializer = initializer_of(name) if kwargs.get('name') else None
+    if initializer is None:
+      return next_creator(**kwargs)
+    with graph.name_scope(None):
+      return internals.default_variable_store().get_variable(
+          name, shape=kwargs['shape'], dtype=kwargs.get('dtype'),
+          initializer=initializer, trainable=kwargs.get('trainable', True),
+          partitioner=partitioner, use_resource=True)
+
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                   custom_getter=partitioning_getter), \
+      tf.compat.v1.variable_creator_scope(partitioning_creator):
+    yield
 
 
 class TPUEstimator(estimator.Estimator):
@@ -257,7 +305,7 @@ class TPUEstimator(estimator.Estimator):
           config.session_config or run_config.default_session_config()))
     super().__init__(model_fn, model_dir, config, params, warm_start_from)
 
-    iterations = parse_iterations_per_loop(
+    iterations = tpu_config.parse_iterations_per_loop(
         config.tpu_config.iterations_per_loop)
     self._log_every_n_steps, self._log_every_n_secs = _rate_log_cadence(
         iterations, self._log_step_count_steps)
@@ -335,10 +383,13 @@ class TPUEstimator(estimator.Estimator):
 
   # Modes ---------------------------------------------------------------------
 
-  def train(self, input_fn: Callable[..., Any],
-            hooks: Iterable[Any] | None = None, steps: int | None = None,
-            max_steps: int | None = None,
-            saving_listeners: Iterable[Any] | None = None) -> TPUEstimator:
+  # train, evaluate and predict: Estimator's (whose signatures they show), with
+  # TPUEstimator's docs, a failed input check of the emulated TPU shown as its
+  # message alone (`inputs.input_check`; in training also an
+  # `InMemoryEvaluatorHook`'s).
+
+  @functools.wraps(estimator.Estimator.train, assigned=(), updated=())
+  def train(self, *args, **kwargs):
     """Trains from the latest checkpoint in model_dir (or from scratch).
 
     `steps` more steps, up to global step `max_steps`, or until input ends.
@@ -380,13 +431,11 @@ class TPUEstimator(estimator.Estimator):
       RuntimeError: another run is training this model_dir.
       PermissionError: `model_dir` is not writable.
     """
-    with _input_checks_explained():
-      return super().train(input_fn, hooks, steps, max_steps, saving_listeners)
+    with input_errors.explained(lookup_inputs.failed_check):
+      return super().train(*args, **kwargs)
 
-  def evaluate(self, input_fn: Callable[..., Any], steps: int | None = None,
-               hooks: Iterable[Any] | None = None,
-               checkpoint_path: str | None = None,
-               name: str | None = None) -> dict[str, Any]:
+  @functools.wraps(estimator.Estimator.evaluate, assigned=(), updated=())
+  def evaluate(self, *args, **kwargs):
     """Evaluates `steps` batches (None: until input ends) of a checkpoint.
 
     Returns the metrics dict with `loss` and `global_step`; summaries go to
@@ -421,14 +470,11 @@ class TPUEstimator(estimator.Estimator):
         `EstimatorSpec` (evaluation there needs a `TPUEstimatorSpec`).
       PermissionError: `eval_dir(name)` is not writable.
     """
-    with _input_checks_explained():
-      return super().evaluate(input_fn, steps, hooks, checkpoint_path, name)
+    with input_errors.explained(lookup_inputs.failed_check):
+      return super().evaluate(*args, **kwargs)
 
-  def predict(self, input_fn: Callable[..., Any],
-              predict_keys: Iterable[str] | None = None,
-              hooks: Iterable[Any] | None = None,
-              checkpoint_path: str | None = None,
-              yield_single_examples: bool = True) -> Iterator[Any]:
+  @functools.wraps(estimator.Estimator.predict, assigned=(), updated=())
+  def predict(self, *args, **kwargs):
     """Yields predictions (dicts, or the tensor's values) until input ends.
 
     A generator: it builds, restores and raises when first iterated.  With
@@ -458,9 +504,8 @@ class TPUEstimator(estimator.Estimator):
         or one not divisible by the cores.
       TypeError: a hook of another type.
     """
-    with _input_checks_explained():
-      yield from super().predict(input_fn, predict_keys, hooks,
-                                 checkpoint_path, yield_single_examples)
+    with input_errors.explained(lookup_inputs.failed_check):
+      yield from super().predict(*args, **kwargs)
 
   # Training ------------------------------------------------------------------
 
@@ -571,7 +616,7 @@ class TPUEstimator(estimator.Estimator):
           'RunConfig(sync_replicas=True) does not support '
           'pipeline_execution_with_tensor_core=True: its parked table updates '
           'cannot be aggregated across workers.')
-    with (ps_tables.partitioned(spec, self._config.num_ps_replicas)
+    with (_partitioned_tables(spec, self._config.num_ps_replicas)
           if partitioned else contextlib.nullcontext()), \
         super()._cluster_training(mode) as sync:
       yield sync
