@@ -423,9 +423,9 @@ class TPUEstimator(estimator.Estimator):
     Raises:
       ValueError: on an evaluator task; both `steps` and `max_steps`, or one
         <= 0; listeners without checkpoint saving; the model_fn's or
-        input_fn's arguments (they must take `params`; labels
-        given to a model_fn without `labels`); a spec the mode cannot run; on
-        the emulated TPU, a batch not divisible by the cores or a feature of
+        input_fn's arguments (they must take `params`; labels given to a
+        model_fn without `labels`); a spec the mode cannot run; on the
+        emulated TPU, a batch not divisible by the cores or a feature of
         unknown static shape.
       TypeError: a hook or listener of another type.
       RuntimeError: another run is training this model_dir.
@@ -444,8 +444,8 @@ class TPUEstimator(estimator.Estimator):
     The checkpoint is held while it is read, so a trainer's
     `keep_checkpoint_max` cannot delete it meanwhile.  Without a checkpoint,
     the model is evaluated as initialized (logged).  On the emulated TPU
-    (`use_tpu=True`, `eval_on_tpu=True`) it runs all `steps` in
-    one `session.run`, metrics over all shards, with no table update.
+    (`use_tpu=True`, `eval_on_tpu=True`) it runs all `steps` in one
+    `session.run`, metrics over all shards, with no table update.
 
     Args:
       input_fn: as in `train`.
@@ -478,9 +478,9 @@ class TPUEstimator(estimator.Estimator):
     """Yields predictions (dicts, or the tensor's values) until input ends.
 
     A generator: it builds, restores and raises when first iterated.  With
-    `use_tpu=True` it looks up on the CPU, as TF's default
-    lookup device does for inference, runs the model_fn once per input batch
-    (under `PER_HOST_V2` a core's) and pads a short last batch, dropping the
+    `use_tpu=True` it looks up on the CPU, as TF's default lookup device does
+    for inference, runs the model_fn once per input batch (under
+    `PER_HOST_V2` a core's) and pads a short last batch, dropping the
     padding's predictions.
 
     Args:
