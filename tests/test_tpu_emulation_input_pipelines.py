@@ -255,13 +255,11 @@ def _embedded_estimator(model_dir, pipeline, num_shards):
       tf.feature_column.categorical_column_with_identity('ids', 8), 1,
       initializer=tf.compat.v1.zeros_initializer())
 
-  def model_fn(features, labels, mode, params):
-    del params
-    logits = tf.keras.layers.DenseFeatures([column])(features)
-    return models.tpu_spec(mode, tf.reduce_mean(tf.square(logits - labels)))
-
   return tpu_fc.TPUEstimator(
-      model_fn=model_fn, use_tpu=True, train_batch_size=4,
+      model_fn=models.embedding_model_fn(
+          [column], lambda logits, features, labels: tf.reduce_mean(
+              tf.square(logits - labels)), layer=tf.keras.layers.DenseFeatures),
+      use_tpu=True, train_batch_size=4,
       config=tpu_fc.RunConfig(model_dir=str(model_dir), tpu_config=tpu_fc.TPUConfig(
           iterations_per_loop=2, num_shards=num_shards,
           per_host_input_for_training=pipeline)),

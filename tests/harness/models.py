@@ -225,6 +225,19 @@ def weighted_columns():
        for key in ('ids1', 'ids2')], 4)
 
 
+def embedding_model_fn(columns, loss_fn,
+                       layer=tf.compat.v1.keras.layers.DenseFeatures,
+                       **spec_args):
+  """`layer(columns)`'s activation `net` and the loss `loss_fn(net,
+  features, labels)`, trained by SGD (`tpu_spec`'s `spec_args`: rate,
+  cross_shard)."""
+  def model_fn(features, labels, mode, params):
+    del params
+    net = layer(columns)(features)
+    return tpu_spec(mode, loss_fn(net, features, labels), **spec_args)
+  return model_fn
+
+
 # Models of dense features.
 
 
