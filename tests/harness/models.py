@@ -14,8 +14,9 @@ from tpu_fc._tf import tf
 
 from harness import inputs
 
-# The contract model's lookup paths, column and loss.
-PATHS = ('cpu', 'embedding_core', 'tensor_core')
+# The contract model's lookup paths (mid_level: migrated to TF2,
+# `harness.mid_level`), column and loss.
+PATHS = ('cpu', 'embedding_core', 'tensor_core', 'mid_level')
 VOCAB, DIM = 6, 2
 LR = 0.2  # of every optimizer of the model's table or loss
 COEF = np.array([1.0, -2.0], np.float32)
