@@ -110,11 +110,9 @@ class _Task:
     for sig, wait in ((signal.SIGTERM, _STOP_GRACE_SECS), (signal.SIGKILL, None)):
       with contextlib.suppress(ProcessLookupError):
         os.killpg(self.process.pid, sig)
-      try:
+      with contextlib.suppress(subprocess.TimeoutExpired):
         self.process.wait(timeout=wait)
         break
-      except subprocess.TimeoutExpired:
-        continue
     self.process = None
 
   def describe(self):
