@@ -118,11 +118,6 @@ class _Task:
   def describe(self):
     return '{} task {}'.format(self.job, self.index)
 
-  def log_tail(self, lines=20):
-    with open(self.log_path, 'rb') as log:
-      tail = log.read().decode('utf-8', 'replace').splitlines()[-lines:]
-    return '\n'.join('  | ' + line for line in tail)
-
 
 def _exit_description(returncode):
   if returncode < 0:
@@ -223,10 +218,13 @@ class LocalCluster:
       os.killpg(self.task(job, index).process.pid, signal.SIGKILL)
 
   def _fail(self, task, what):
+    with open(task.log_path, 'rb') as log:
+      tail = log.read().decode('utf-8', 'replace').splitlines()[-20:]
     raise ClusterError(
         '{} {}; stopping the job. Checkpoints already written are kept: run it '
         'again to resume from the last one. Log {}:\n{}'.format(
-            task.describe(), what, task.log_path, task.log_tail()))
+            task.describe(), what, task.log_path,
+            '\n'.join('  | ' + line for line in tail)))
 
   def _restart(self, task, returncode):
     """Restarts a killed task (the chief: the whole job), within max_restarts."""
