@@ -139,12 +139,6 @@ def _children(values, parent):
           and '/' not in key[len(prefix):-len(_ATTRIBUTE_SUFFIX)]}
 
 
-def _table_parameters(spec, table):
-  """The tpu_fc Parameters that train `table` on the embedding core (the spec
-  holds its optimizer as tpu_fc's already)."""
-  return table.optimizer or spec.optimization_parameters
-
-
 def _legacy_name(table, layout, recorded):
   """`table`'s legacy name: `recorded`'s, else the name TPUEstimator gave it in
   a `DenseFeatures` model."""
@@ -161,10 +155,6 @@ def _name_matches(name, table, layout):
   if column is None:
     return naming.is_table_variable(name, table.name)
   return naming.is_column_variable(name, column)
-
-
-def _spec_tables(spec):
-  return [t.name for t in spec.layout().tables]
 
 
 def _check_table_names(table_names, tables, owner='the spec'):
@@ -243,8 +233,11 @@ def _built(embedding):
 
 
 def _mid_level_table_values(table, parameters, values, legacy_name, fresh_slots):
-  """({mid-level child name: value}, legacy names used) of one table and its slots."""
+  """({mid-level child name: value}, legacy names used) of one table and its
+  slots (`parameters` None: none restored)."""
   _check_shape(table, legacy_name, values[legacy_name])
+  if parameters is None:
+    return {table.name: values[legacy_name]}, [legacy_name]
   below = _table_variable_names(values, legacy_name)
   expected = {'{}/{}'.format(legacy_name, suffix): slot
               for suffix, slot in parameters.SLOTS}
@@ -315,14 +308,14 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   embedding, variables = _built(tf.tpu.experimental.embedding.TPUEmbedding(
       config.feature_config, config.optimizer))
   layout = spec.embedding_layout()
-  _check_table_names(table_names, _spec_tables(spec))
+  _check_table_names(table_names, [t.name for t in spec.layout().tables])
   table_names = dict(table_names or {})
   legacy_names = _find_legacy_names(values, layout, table_names)
   new_values, carried = {}, set()
   for table in layout.tables:
     table_values, sources = _mid_level_table_values(
-        table, _table_parameters(spec, table), values, legacy_names[table.name],
-        fresh_slots)
+        table, table.optimizer or spec.optimization_parameters, values,
+        legacy_names[table.name], fresh_slots)
     new_values.update(table_values)
     carried.update(sources)
   tensor_core = spec.tensor_core_layout()
@@ -346,13 +339,18 @@ def to_mid_level_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   for name, variable in variables.items():
     variable.assign(new_values[name])
   objects = {TENSOR_CORE_KEY: tensor_core_embedding} if tensor_core.tables else {}
-  checkpoint = tf.train.Checkpoint(**objects, **{
+  return _save_mid_level(destination, global_step, **objects, **{
       EMBEDDING_KEY: embedding,
       DENSE_KEY: {name: tf.Variable(value, name=name.replace('/', '_'))
                   for name, value in dense.items()},  # legacy names as keys
-      GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64),
       LEGACY_NAMES_KEY: tf.Variable(json.dumps(legacy_names, sort_keys=True)),
   })
+
+
+def _save_mid_level(destination, global_step, **objects):
+  """`objects` and `global_step` in `destination/ckpt-<global step>`."""
+  checkpoint = tf.train.Checkpoint(**objects, **{
+      GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64)})
   manager = tf.train.CheckpointManager(
       checkpoint, destination, max_to_keep=None,
       checkpoint_name=_MID_LEVEL_PREFIX)
@@ -443,12 +441,12 @@ def to_legacy_checkpoint(spec: spec_lib.EmbeddingConfigSpec, source: str,
   recorded_key = _object_key(LEGACY_NAMES_KEY)
   recorded = (json.loads(values[recorded_key].decode())
               if recorded_key in values else {})
-  _check_table_names(table_names, _spec_tables(spec))
+  _check_table_names(table_names, [t.name for t in spec.layout().tables])
   recorded.update(table_names or {})
   embedded = _children(values, EMBEDDING_KEY)
   legacy = {}
   for table in layout.tables:
-    parameters = _table_parameters(spec, table)
+    parameters = table.optimizer or spec.optimization_parameters
     table_values = _checked_mid_level_table(embedded, table, parameters,
                                             layout.tables, source)
     legacy_name = _legacy_name(table, layout, recorded)
@@ -552,13 +550,9 @@ def _legacy_embedding_values(values, layout, spec, table_names):
           'Table {} of the embedding is not a table of the spec, whose tables '
           'are {}: give the spec that trained the checkpoint.'.format(
               table.name, sorted(legacy_names)))
-    legacy_name = legacy_names[table.name]
-    if table.optimizer is None:  # no slots to restore
-      _check_shape(table, legacy_name, values[legacy_name])
-      new_values[table.name] = values[legacy_name]
-    else:
-      new_values.update(_mid_level_table_values(
-          table, table.optimizer, values, legacy_name, fresh_slots=False)[0])
+    new_values.update(_mid_level_table_values(
+        table, table.optimizer, values, legacy_names[table.name],
+        fresh_slots=False)[0])
   return new_values
 
 
@@ -644,13 +638,8 @@ def save_embedding(embedding: Any, directory: str,
   _check_destination(None, directory, 'mid-level')
   _unwritten_prefix(directory, _MID_LEVEL_PREFIX, global_step)
   _, variables = _embedding_layout(embedding)
-  checkpoint = tf.train.Checkpoint(**{
-      EMBEDDING_KEY: variables,  # TF's mid-level child names as keys
-      GLOBAL_STEP_KEY: tf.Variable(global_step, dtype=tf.int64)})
-  manager = tf.train.CheckpointManager(
-      checkpoint, directory, max_to_keep=None,
-      checkpoint_name=_MID_LEVEL_PREFIX)
-  return manager.save(checkpoint_number=global_step)
+  # (TF's mid-level child names as keys)
+  return _save_mid_level(directory, global_step, **{EMBEDDING_KEY: variables})
 
 
 # Inspection ------------------------------------------------------------------------

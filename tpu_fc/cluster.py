@@ -110,20 +110,13 @@ class _Task:
     for sig, wait in ((signal.SIGTERM, _STOP_GRACE_SECS), (signal.SIGKILL, None)):
       with contextlib.suppress(ProcessLookupError):
         os.killpg(self.process.pid, sig)
-      try:
+      with contextlib.suppress(subprocess.TimeoutExpired):
         self.process.wait(timeout=wait)
         break
-      except subprocess.TimeoutExpired:
-        continue
     self.process = None
 
   def describe(self):
     return '{} task {}'.format(self.job, self.index)
-
-  def log_tail(self, lines=20):
-    with open(self.log_path, 'rb') as log:
-      tail = log.read().decode('utf-8', 'replace').splitlines()[-lines:]
-    return '\n'.join('  | ' + line for line in tail)
 
 
 def _exit_description(returncode):
@@ -225,10 +218,13 @@ class LocalCluster:
       os.killpg(self.task(job, index).process.pid, signal.SIGKILL)
 
   def _fail(self, task, what):
+    with open(task.log_path, 'rb') as log:
+      tail = log.read().decode('utf-8', 'replace').splitlines()[-20:]
     raise ClusterError(
         '{} {}; stopping the job. Checkpoints already written are kept: run it '
         'again to resume from the last one. Log {}:\n{}'.format(
-            task.describe(), what, task.log_path, task.log_tail()))
+            task.describe(), what, task.log_path,
+            '\n'.join('  | ' + line for line in tail)))
 
   def _restart(self, task, returncode):
     """Restarts a killed task (the chief: the whole job), within max_restarts."""

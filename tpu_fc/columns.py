@@ -94,12 +94,8 @@ def embedding_column(categorical_column: Any,
       embedding_lookup_device=embedding_lookup_device,
       tensor_core_shape=tensor_core_shape,
       use_safe_embedding_lookup=use_safe_embedding_lookup)
-  arguments = _embedding_column_arguments(checked)
-  if not embedding_lookup_device:
-    return EmbeddingColumn(**arguments)
-  return DeviceSpecificEmbeddingColumn(
-      embedding_lookup_device=embedding_lookup_device,
-      tensor_core_shape=tensor_core_shape, **arguments)
+  return _on_device(DeviceSpecificEmbeddingColumn, checked,
+                    embedding_lookup_device, tensor_core_shape)
 
 
 def shared_embedding_columns(
@@ -145,41 +141,21 @@ def shared_embedding_columns(
       embedding_lookup_device=embedding_lookup_device,
       tensor_core_shape=tensor_core_shape,
       use_safe_embedding_lookup=use_safe_embedding_lookup)
-  columns = []
-  for column in checked:
-    arguments = _shared_embedding_column_arguments(column)
-    if embedding_lookup_device:
-      columns.append(SharedDeviceSpecificEmbeddingColumn(
-          embedding_lookup_device=embedding_lookup_device,
-          tensor_core_shape=tensor_core_shape, **arguments))
-    else:
-      columns.append(SharedEmbeddingColumn(**arguments))
-  return columns
+  return [_on_device(SharedDeviceSpecificEmbeddingColumn, column,
+                     embedding_lookup_device, tensor_core_shape)
+          for column in checked]
 
 
-def _embedding_column_arguments(column):
-  """Constructor keyword arguments that rebuild a TPU embedding column (TF's
-  or tpu_fc's), its lookup device aside."""
-  return dict(
-      categorical_column=column.categorical_column, dimension=column.dimension,
-      combiner=column.combiner, initializer=column.initializer,
-      max_sequence_length=column.get_max_sequence_length(),
-      learning_rate_fn=column.get_learning_rate_fn(),
-      use_safe_embedding_lookup=column.use_safe_embedding_lookup,
-      bypass_scope_validation=column._bypass_scope_validation)  # pylint: disable=protected-access
-
-
-def _shared_embedding_column_arguments(column):
-  """Constructor keyword arguments that rebuild a TPU shared embedding column
-  (TF's or tpu_fc's), its lookup device aside."""
-  return dict(
-      categorical_column=column.categorical_column,
-      shared_embedding_column_creator=column.shared_embedding_column_creator,
-      combiner=column.combiner, initializer=column.get_initializer(),
-      shared_embedding_collection_name=column.get_embedding_var_name(),
-      max_sequence_length=column.get_max_sequence_length(),
-      learning_rate_fn=column.get_learning_rate_fn(),
-      use_safe_embedding_lookup=column.use_safe_embedding_lookup)
+def _on_device(device_class, column, embedding_lookup_device,
+               tensor_core_shape):
+  """TF's TPU `column` rebuilt as a `device_class` column pinned to
+  `embedding_lookup_device`, or without one as its column without a device
+  (`_UNDEVICED`)."""
+  arguments = device_class._UNDEVICED._new_args(column)  # pylint: disable=protected-access
+  if not embedding_lookup_device:
+    return device_class._UNDEVICED(**arguments)  # pylint: disable=protected-access
+  return device_class(embedding_lookup_device=embedding_lookup_device,
+                      tensor_core_shape=tensor_core_shape, **arguments)
 
 
 _SEGMENT_REDUCTIONS = {'sum': tf.sparse.segment_sum,
@@ -391,7 +367,15 @@ class EmbeddingColumn(_TpuFcColumnMixin, internals.TPUEmbeddingColumnV2):
                                         super().create_state)
 
   def _new_args(self):
-    return _embedding_column_arguments(self)
+    """Constructor keyword arguments that rebuild this column, or TF's TPU
+    embedding column `self`, its lookup device aside."""
+    return dict(
+        categorical_column=self.categorical_column, dimension=self.dimension,
+        combiner=self.combiner, initializer=self.initializer,
+        max_sequence_length=self.get_max_sequence_length(),
+        learning_rate_fn=self.get_learning_rate_fn(),
+        use_safe_embedding_lookup=self.use_safe_embedding_lookup,
+        bypass_scope_validation=self._bypass_scope_validation)
 
 
 class DeviceSpecificEmbeddingColumn(_DeviceMixin,
@@ -426,7 +410,16 @@ class SharedEmbeddingColumn(_SharedTpuFcColumnMixin,
   """One of `shared_embedding_columns` without a lookup device."""
 
   def _new_args(self):
-    return _shared_embedding_column_arguments(self)
+    """Constructor keyword arguments that rebuild this column, or TF's TPU
+    shared embedding column `self`, its lookup device aside."""
+    return dict(
+        categorical_column=self.categorical_column,
+        shared_embedding_column_creator=self.shared_embedding_column_creator,
+        combiner=self.combiner, initializer=self.get_initializer(),
+        shared_embedding_collection_name=self.get_embedding_var_name(),
+        max_sequence_length=self.get_max_sequence_length(),
+        learning_rate_fn=self.get_learning_rate_fn(),
+        use_safe_embedding_lookup=self.use_safe_embedding_lookup)
 
 
 class SharedDeviceSpecificEmbeddingColumn(

@@ -145,12 +145,8 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
       return
     # Built without them: a functional model builds with the batch unknown,
     # and each enqueue checks its inputs against the configs' output shapes.
-    self._built_embedding()
-
-  def _built_embedding(self) -> mid_level.TPUEmbedding:
-    embedding = self._tpu_embedding
-    embedding.embedding_tables  # pylint: disable=pointless-statement  (builds)
-    return embedding
+    # (Reading the tables builds them.)
+    self._tpu_embedding.embedding_tables  # pylint: disable=pointless-statement
 
   def _sparsecore_call(self, inputs: dict[str, Any], weights: Any = None,
                        training: bool = False) -> dict[str, Any]:
@@ -178,10 +174,9 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
   def _emulated_variables(self) -> dict[str, tf.Variable]:
     """The emulated tables and slots by their checkpoint keys (`<table>`,
     `<table>.S<slot>`), built."""
-    embedding = self._built_embedding()
-    return {internals.escape_checkpoint_name(name): child for name, child in
-            tf.train.TrackableView(embedding).children(embedding).items()
-            if isinstance(child, tf.Variable)}
+    _, variables = checkpoint_conversion._built(self._tpu_embedding)  # pylint: disable=protected-access
+    return {internals.escape_checkpoint_name(name): variable
+            for name, variable in variables.items()}
 
   def save_own_variables(self, store: Any) -> None:
     """keras-rs's under a `TPUStrategy`; emulated, the tables and slots by

@@ -782,12 +782,10 @@ def table_learning_rate(table: TableSpec, global_step: Any = None) -> Any:
 def _mid_level_optimizer(table, default_parameters, global_step):
   """Per-table mid-level optimizer, honouring the legacy learning-rate precedence."""
   learning_rate = table_learning_rate(table, global_step)
-  if learning_rate is not None:
-    return (table.optimizer or default_parameters).to_mid_level(
-        learning_rate=learning_rate)
-  if table.optimizer is not None:
-    return table.optimizer.to_mid_level()
-  return None
+  if learning_rate is None and table.optimizer is None:
+    return None
+  return (table.optimizer or default_parameters).to_mid_level(
+      learning_rate=learning_rate)
 
 
 def _mid_level_tables(layout, default_parameters, default_optimizer,
