@@ -27,13 +27,6 @@ from tpu_fc._tf import tf
 _TARGET_KEY = '__target_key__'
 
 
-def _unique_target_key(features):
-  target_key = _TARGET_KEY
-  while target_key in features:
-    target_key += '_n'
-  return target_key
-
-
 def _ordered_features(x):
   """`x` (an array or dict of arrays) as an OrderedDict sorted by key."""
   if isinstance(x, dict):
@@ -148,7 +141,9 @@ def numpy_input_fn(x,
                          '{}'.format(len(duplicate_keys), duplicate_keys))
       data.update(ordered_y)
     else:
-      target_keys = _unique_target_key(data)
+      target_keys = _TARGET_KEY
+      while target_keys in data:
+        target_keys += '_n'
       data[target_keys] = y
     if len(set(value.shape[0] for value in data.values())) != 1:
       shapes_of_x = {k: data[k].shape for k in feature_keys}
@@ -205,7 +200,9 @@ def pandas_input_fn(x,
       raise ValueError('Index for x and y are mismatched.\nIndex for x: %s\n'
                        'Index for y: %s\n' % (x.index, y.index))
     if isinstance(y, pd.DataFrame):
-      y_columns = [(column, _unique_column_name(x, column)) for column in list(y)]
+      # each made unique among x's columns, as TF makes it
+      y_columns = [(column, '{}_{}'.format(column, uuid.uuid4())
+                    if column in x else column) for column in list(y)]
       target_column = [name for _, name in y_columns]
     x[target_column] = y
   if queue_capacity is None:
@@ -223,8 +220,3 @@ def pandas_input_fn(x,
     return features, features.pop(target_column)
 
   return input_fn
-
-
-def _unique_column_name(frame, name):
-  """`name`, made unique among `frame`'s columns as TF makes it."""
-  return name if name not in frame else '{}_{}'.format(name, uuid.uuid4())

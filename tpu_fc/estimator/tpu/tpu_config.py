@@ -187,20 +187,14 @@ class TPUConfig(
       check_positive_integer(initial_infeed_sleep_secs,
                              'TPUConfig initial_infeed_sleep_secs')
     return super(TPUConfig, cls).__new__(
-        cls,
-        iterations_per_loop=iterations_per_loop,
-        num_shards=num_shards,
-        num_cores_per_replica=num_cores_per_replica,
-        per_host_input_for_training=per_host_input_for_training,
-        tpu_job_name=tpu_job_name or _tpu_job_name_from_tf_config(),
-        initial_infeed_sleep_secs=initial_infeed_sleep_secs,
-        input_partition_dims=input_partition_dims,
-        eval_training_input_configuration=eval_training_input_configuration,
-        experimental_host_call_every_n_steps=(
-            experimental_host_call_every_n_steps),
-        experimental_allow_per_host_v2_parallel_get_next=(
-            experimental_allow_per_host_v2_parallel_get_next),
-        experimental_feed_hook=experimental_feed_hook)
+        cls, iterations_per_loop, num_shards, num_cores_per_replica,
+        per_host_input_for_training,
+        tpu_job_name or _tpu_job_name_from_tf_config(),
+        initial_infeed_sleep_secs, input_partition_dims,
+        eval_training_input_configuration,
+        experimental_host_call_every_n_steps,
+        experimental_allow_per_host_v2_parallel_get_next,
+        experimental_feed_hook)
 
 
 def coerce_tpu_config(tpu_config):
