@@ -145,27 +145,28 @@ def numpy_input_fn(x,
       while target_keys in data:
         target_keys += '_n'
       data[target_keys] = y
+
+    def of_y(values):
+      """The target's entries of `values` (by key): one, or a dict as y."""
+      if isinstance(target_keys, str):
+        return values[target_keys]
+      return {key: values[key] for key in target_keys}
+
     if len(set(value.shape[0] for value in data.values())) != 1:
-      shapes_of_x = {k: data[k].shape for k in feature_keys}
-      if target_keys is None:
-        shapes_of_y = None
-      elif isinstance(target_keys, str):
-        shapes_of_y = y.shape
-      else:
-        shapes_of_y = {k: data[k].shape for k in target_keys}
+      shapes = {key: value.shape for key, value in data.items()}
       raise ValueError('Length of tensors in x and y is mismatched. All '
                        'elements in x and y must have the same length.\n'
                        'Shapes in x: {}\n'
-                       'Shapes in y: {}\n'.format(shapes_of_x, shapes_of_y))
+                       'Shapes in y: {}\n'.format(
+                           {key: shapes[key] for key in feature_keys},
+                           None if y is None else of_y(shapes)))
     batch = _batches(data, batch_size, num_epochs, shuffle, queue_capacity,
                      num_threads)
     features = (batch[feature_keys[0]] if isinstance(x, np.ndarray) else
                 {key: batch[key] for key in feature_keys})
-    if target_keys is None:
+    if y is None:
       return features
-    if isinstance(target_keys, str):
-      return features, batch[target_keys]
-    return features, {key: batch[key] for key in target_keys}
+    return features, of_y(batch)
 
   return input_fn
 

@@ -184,12 +184,10 @@ class EvalSpec(
       raise TypeError('`name` must be string, given: {}'.format(name))
     hooks = _validate_hooks(hooks)
     exporters = _validate_exporters(exporters)
-    if start_delay_secs < 0:
-      raise ValueError('Must specify start_delay_secs >= 0, given: {}'.format(
-          start_delay_secs))
-    if throttle_secs < 0:
-      raise ValueError(
-          'Must specify throttle_secs >= 0, given: {}'.format(throttle_secs))
+    for field, secs in (('start_delay_secs', start_delay_secs),
+                        ('throttle_secs', throttle_secs)):
+      if secs < 0:
+        raise ValueError('Must specify {} >= 0, given: {}'.format(field, secs))
     return super(EvalSpec, cls).__new__(
         cls, input_fn, steps, name, hooks, exporters, start_delay_secs,
         throttle_secs)

@@ -215,13 +215,6 @@ def coerce_tpu_config(tpu_config):
   })
 
 
-def _stands_in_for_tf_config(cluster):
-  """Whether `cluster` is a parameter-server cluster's resolver (one with a
-  `ps` job), which tpu_fc reads as TF_CONFIG (`tpu_fc.estimator.distributed`)."""
-  return (cluster is not None and
-          run_config.TaskType.PS in cluster.cluster_spec().jobs)
-
-
 def _with_cluster_def(session_config, cluster_spec):
   """Copies `cluster_spec` into (a copy of) `session_config`, as TF does."""
   if session_config is None:
@@ -283,7 +276,10 @@ class RunConfig(run_config.RunConfig):
       if cluster is not None:
         raise ValueError('Both master and cluster are set.')
       self._master = master
-    elif _stands_in_for_tf_config(cluster):
+    elif (cluster is not None and
+          run_config.TaskType.PS in cluster.cluster_spec().jobs):
+      # A parameter-server cluster's resolver (one with a `ps` job), which
+      # tpu_fc reads as TF_CONFIG (`tpu_fc.estimator.distributed`).
       self._set(**run_config.cluster_settings(
           cluster.cluster_spec(), cluster.task_type, cluster.task_id))
       self._maybe_overwrite_session_config_for_distributed_training()
