@@ -3,13 +3,18 @@
 script's CPU/GPU twin runs where TF has no `tf.estimator`.  Expectations are
 derived by hand; on the legacy lane TF 2.15's own classes must meet them too
 (`lanes.DRIVERS`)."""
+import collections
+import glob
+import importlib
 import itertools
 import json
+import os
 import re
 
 import numpy as np
 import pytest
 
+from tpu_fc import cluster
 from tpu_fc._tf import tf
 
 from harness import lanes
@@ -281,3 +286,97 @@ def test_predict_warns_of_an_input_that_never_ends(name, tmp_path, tf_log):
       config=driver.TPURunConfig(model_dir=str(tmp_path / 'tpu')))
   next(tpu_estimator.predict(lambda params: inputs['constant']()))
   assert NEVER_ENDS not in tf_log
+
+
+def _summary_tags(model_dir):
+  """How many summary values of each tag `model_dir`'s event files hold
+  (the writers TF keeps open closed first, so that all is written)."""
+  tf.compat.v1.summary.FileWriterCache.clear()
+  tags = collections.Counter()
+  for path in glob.glob(os.path.join(model_dir, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      tags.update(value.tag for value in event.summary.value)
+  return tags
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_with_a_master_and_workers_worker_0_alone_writes_summaries(
+    name, tmp_path, monkeypatch):
+  """TF's rule for the legacy `master` layout (the master also evaluates):
+  summaries and step rates come from worker 0 alone, not from the master
+  (the chief) nor from another worker.  In-process: a ps, a master and 2
+  workers on loopback ports, each task training 5 steps in turn."""
+  driver = lanes.core_driver(name)
+  spec = cluster.cluster_spec(num_ps=1, num_workers=2)
+  spec['master'] = spec.pop('chief')
+  tf.distribute.Server(tf.train.ClusterSpec(spec), job_name='ps',
+                       task_index=0)
+  model_dir = str(tmp_path)
+
+  def summaries_of_training(task_type, task_id):
+    monkeypatch.setenv('TF_CONFIG', json.dumps(
+        {'cluster': spec, 'task': {'type': task_type, 'index': task_id}}))
+    config = driver.RunConfig(model_dir=model_dir, save_summary_steps=1,
+                              log_step_count_steps=1)
+    if name == 'tf':  # (TF's train_and_evaluate would start it; tpu_fc's
+      # Estimator starts it in the task's session)
+      tf.distribute.Server(config.cluster_spec, job_name=task_type,
+                           task_index=task_id)
+    before = _summary_tags(model_dir)
+    driver.Estimator(_model_fn_of(driver), config=config).train(
+        lambda: _input_fn().repeat(), steps=5)
+    return sorted(_summary_tags(model_dir) - before)
+
+  written = {task: summaries_of_training(*task)
+             for task in (('master', 0), ('worker', 0), ('worker', 1))}
+  assert written == {('master', 0): [],
+                     ('worker', 0): ['global_step/sec', 'loss'],
+                     ('worker', 1): []}
+
+
+def _estimator_module(name):
+  """The core Estimator's module: tpu_fc's, or TF 2.15's (legacy lane)."""
+  return importlib.import_module(
+      'tpu_fc.estimator.estimator' if name == 'tpu_fc' else
+      'tensorflow_estimator.python.estimator.estimator')
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_the_estimator_modules_v2_name_is_the_v2_apis_estimator(name):
+  """`EstimatorV2`, the name TF's module gives `tf.estimator.Estimator` (and
+  TF's tests of Estimator build it by), is tpu_fc's one Estimator."""
+  assert (_estimator_module(name).EstimatorV2 is
+          lanes.core_driver(name).Estimator)
+
+
+def _evaluation_summaries(eval_dir):
+  """{step: {tag: value}} of the scalar summaries in `eval_dir`."""
+  tf.compat.v1.summary.FileWriterCache.clear()
+  written = collections.defaultdict(dict)
+  for path in glob.glob(os.path.join(eval_dir, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        written[event.step][value.tag] = value.simple_value
+  return dict(written)
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_the_estimator_modules_evaluation_and_global_step_helpers(name,
+                                                                  tmp_path):
+  """What TF's tests of Estimator, the exporters and early stopping write and
+  read evaluations with, under TF's names: `_write_dict_to_summary` (one
+  Summary of the results at a step, without the global step and what is no
+  number) and `_load_global_step_from_checkpoint_dir` (0: no checkpoint)."""
+  module = _estimator_module(name)
+  driver = lanes.core_driver(name)
+  model_dir, eval_dir = str(tmp_path), str(tmp_path / 'eval')
+  assert module._load_global_step_from_checkpoint_dir(model_dir) == 0  # pylint: disable=protected-access
+  driver.Estimator(_model_fn_of(driver), model_dir=model_dir).train(
+      lambda: _input_fn().repeat(), steps=3)
+  assert module._load_global_step_from_checkpoint_dir(model_dir) == 3  # pylint: disable=protected-access
+  with tf.Graph().as_default():
+    module._write_dict_to_summary(eval_dir, {  # pylint: disable=protected-access
+        'loss': 0.5, 'accuracy': np.float32(0.25), 'count': np.int64(3),
+        'global_step': 7, 'name': 'not a number'}, 7)
+  assert _evaluation_summaries(eval_dir) == {
+      7: {'loss': 0.5, 'accuracy': 0.25, 'count': 3.0}}
