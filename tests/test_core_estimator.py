@@ -119,7 +119,7 @@ def test_training_logs_the_loss_step_and_step_rate(name, tmp_path, tf_log):
   estimator = driver.Estimator(_model_fn_of(driver), config=driver.RunConfig(
       model_dir=str(tmp_path), log_step_count_steps=2))
   estimator.train(lambda: _input_fn().repeat(), steps=5)
-  logged = [re.sub(r'[\d.]+', 'N', message) for message in tf_log
+  logged = [re.sub(r'\d[\d.]*(e[-+]?\d+)?', 'N', message) for message in tf_log
             if re.match(r'loss = |global_step/sec', message)]
   assert logged == ['loss = N, step = N', 'global_step/sec: N',
                     'loss = N, step = N (N sec)', 'global_step/sec: N',
