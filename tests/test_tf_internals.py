@@ -64,14 +64,13 @@ def test_overridden_private_methods_exist(cls, method):
 
 
 def test_the_names_read_where_tf_reads_them_are_tfs():
-  """train_and_evaluate and Estimator read them from their modules when they
-  run, as TF's training and Estimator do."""
+  """train_and_evaluate and Estimator's training read them from their modules
+  when they run, as TF's training and Estimator do."""
   assert internals.server_lib.Server is tf.distribute.Server
   assert (internals.basic_session_run_hooks.SecondOrStepTimer is
           tf.compat.v1.train.SecondOrStepTimer)
   assert (internals.training.MonitoredTrainingSession is
           tf.compat.v1.train.MonitoredTrainingSession)
-  assert callable(internals.evaluation._evaluate_once)  # pylint: disable=protected-access
 
 
 # The TF attributes tpu_fc replaces while building a graph (`replaced`).

@@ -58,15 +58,10 @@ get_or_create_global_step_read = training_util._get_or_create_global_step_read
 def fetched_read(variable):
   """The op `session.run(variable)` runs: the read made with the variable."""
   return variable._as_graph_element()  # pylint: disable=protected-access
-# Estimator's evaluation steps hook and its eval-step counter.
+# Estimator's evaluation loop, its steps hook and its eval-step counter.
+evaluate_once = evaluation._evaluate_once
 StopAfterNEvalsHook = evaluation._StopAfterNEvalsHook
 get_or_create_eval_step = evaluation._get_or_create_eval_step
-
-
-def evaluate_once(**kwargs):
-  """Estimator's evaluation loop, `evaluation._evaluate_once`, read when it
-  runs, as TF's Estimator reads it (see `training` below)."""
-  return evaluation._evaluate_once(**kwargs)
 # Init ops of every `tf.summary.create_file_writer` writer in the graph.
 summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
 # `server_lib.Server` and `basic_session_run_hooks.SecondOrStepTimer` (the

@@ -261,6 +261,12 @@ class Estimator(object):
     return copy.deepcopy(self._config)
 
   @property
+  def _session_config(self):
+    """The config every session runs with, under TF's Estimator's name of it
+    (which subclasses and TF's tests read)."""
+    return self._config.session_config
+
+  @property
   def params(self) -> Any:
     """A copy of the `params` given (without what the estimator adds)."""
     return copy.deepcopy(self._params)
@@ -905,6 +911,11 @@ class Estimator(object):
     """Raises if the model_fn must take `params`; it need not here."""
 
 
+# tensorflow_estimator's name of the v2 API's `tf.estimator.Estimator` (its
+# `Estimator` is v1's; TF's tests of Estimator build `EstimatorV2`): one class
+# here serves both.
+EstimatorV2 = Estimator
+
 
 def _write_evaluation(output_dir, checkpoint_path, results):
   """Writes an evaluation's `results` and the checkpoint it read (if any) as
@@ -918,13 +929,16 @@ def _write_evaluation(output_dir, checkpoint_path, results):
 
 
 def _dict_to_str(dictionary):
+  """The results as the evaluation's log line shows them."""
   return ', '.join('%s = %s' % (k, v)
                    for k, v in sorted(dictionary.items())
                    if not isinstance(v, bytes))
 
 
 def _write_dict_to_summary(output_dir, dictionary, current_global_step):
-  """Writes eval results as one Summary, as Estimator does."""
+  """Writes eval results as one Summary at `current_global_step`, as TF's
+  Estimator does (under its name: TF's tests of the exporters and early
+  stopping write evaluations with it)."""
   tf.compat.v1.logging.info('Saving dict for global step %d: %s',
                             current_global_step, _dict_to_str(dictionary))
   summary_proto = tf.compat.v1.Summary()
@@ -965,6 +979,8 @@ def _write_dict_to_summary(output_dir, dictionary, current_global_step):
 
 def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
                                       current_global_step):
+  """Writes the evaluated checkpoint's path as a string summary, as TF's
+  Estimator does."""
   tf.compat.v1.logging.info("Saving 'checkpoint_path' summary for global step "
                             '%d: %s', current_global_step, checkpoint_path)
   summary_proto = tf.compat.v1.Summary()
@@ -974,7 +990,3 @@ def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
   writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
   writer.add_summary(summary_proto, current_global_step)
   writer.flush()
-
-# tensorflow_estimator's name of the v2 API's `tf.estimator.Estimator` (its
-# `Estimator` is v1's): one class here serves both.
-EstimatorV2 = Estimator
