@@ -73,12 +73,13 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False,
 
   save_summary_steps, log_step_count_steps, summary_hooks = _summary_settings(
       config, spec.scaffold)
-  worker_hooks += summary_hooks + list(task_hooks)
+  worker_hooks += summary_hooks
   chief_only_hooks = tuple(chief_hooks) + tuple(spec.training_chief_hooks)
   if saves_input_position and config.is_chief:
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
+  worker_hooks += task_hooks
   in_loop = built.loop_iterations is not None
   with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
       in_loop and _TRAINING_LOOP), internals.training.MonitoredTrainingSession(
