@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tpu_fc import cluster
+from tpu_fc import export
 from tpu_fc import local_network
 from tpu_fc._tf import tf
 
@@ -267,6 +268,58 @@ def test_predict_warns_of_an_input_that_never_ends(name, tmp_path, tf_log):
       config=driver.TPURunConfig(model_dir=str(tmp_path / 'tpu')))
   next(tpu_estimator.predict(lambda params: input_fns['constant']()))
   assert NEVER_ENDS not in tf_log
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_features_by_int_and_str_keys_train_and_evaluate(name, tmp_path):
+  """Features may be a dict by int and str keys (TF's receivers take them),
+  which `tf.nest` cannot order: training and evaluation read them as given
+  (the metric: the mean of max(features['a'], features[42]) = (43 + 50) / 2).
+  """
+  driver = lanes.core_driver(name)
+
+  def model_fn(features, labels, mode):
+    del labels
+    highest = tf.math.maximum(features['a'], features[42])
+    return driver.EstimatorSpec(
+        mode, loss=tf.constant(1.), train_op=tf.compat.v1.assign_add(
+            tf.compat.v1.train.get_global_step(), 1),
+        eval_metric_ops={'highest': tf.compat.v1.metrics.mean(highest)})
+
+  def input_fn():
+    return {'a': tf.constant([1., 50.]), 42: tf.constant([43., 2.])}, None
+
+  estimator = driver.Estimator(model_fn, model_dir=str(tmp_path))
+  estimator.train(input_fn, steps=1)
+  assert estimator.evaluate(input_fn, steps=1) == {
+      'highest': 46.5, 'loss': 1.0, 'global_step': 1}
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_an_export_places_softly_as_the_sessions_config_says(name, tmp_path):
+  """The export restores the checkpoint in a session of the estimator's
+  config: by default soft placement, so a model with an op pinned to a GPU
+  the machine lacks exports (and serves the trained value, 1 + 2)."""
+  driver = lanes.core_driver(name)
+
+  def model_fn(features, labels, mode):
+    del labels
+    step = tf.compat.v1.train.get_global_step()
+    with tf.device('/device:GPU:99'):
+      pinned = tf.cast(step, tf.float32) + 2.
+    prediction = features['x'][:, 0] * 0. + pinned
+    return driver.EstimatorSpec(
+        mode, predictions={'y': prediction}, loss=tf.constant(1.),
+        train_op=tf.compat.v1.assign_add(step, 1))
+
+  estimator = driver.Estimator(model_fn, model_dir=str(tmp_path / 'model'))
+  estimator.train(inputs.ones_x, steps=1)
+  export_dir = estimator.export_saved_model(
+      str(tmp_path / 'export'), export.build_raw_serving_input_receiver_fn(
+          {'x': tf.constant(inputs.ONES)}))
+  served = tf.saved_model.load(export_dir).signatures['serving_default'](
+      x=tf.constant(inputs.ONES))
+  assert served['y'].numpy().tolist() == [3., 3.]
 
 
 @pytest.mark.subprocess

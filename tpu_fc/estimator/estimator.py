@@ -410,7 +410,8 @@ class Estimator(object):
             lambda features, labels, mode: self._model_fn_as_exported(
                 features, labels, mode, self.config),
             export_dir_base, input_receiver_fn_map, checkpoint, assets_extra,
-            as_text, self._config.tf_random_seed, self._checkpoint_alias))
+            as_text, self._config.tf_random_seed, self._checkpoint_alias,
+            self._session_config))
 
   def export_savedmodel(self,
                         export_dir_base,
