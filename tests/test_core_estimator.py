@@ -322,6 +322,32 @@ def test_an_export_places_softly_as_the_sessions_config_says(name, tmp_path):
   assert served['y'].numpy().tolist() == [3., 3.]
 
 
+def test_a_variable_of_another_shape_fails_its_restore_as_tf_s(tmp_path):
+  """A model whose variable changed shape since the checkpoint (a scalar
+  then [1]) fails to restore with TF's error and words, as TF 2.15's
+  Estimator does with TF1 behaviour (its own test); with TF2's, TF's restores
+  the scalar silently (docs/bad_input.md)."""
+  driver = lanes.core_driver('tpu_fc')
+
+  def model_fn_of(value):
+    def model_fn(features, labels, mode):
+      del features, labels
+      tf.Variable(value, name='weight')
+      return driver.EstimatorSpec(mode, loss=tf.constant(0.),
+                                  train_op=tf.compat.v1.assign_add(
+                                      tf.compat.v1.train.get_global_step(), 1))
+    return model_fn
+
+  driver.Estimator(model_fn_of(1.), model_dir=str(tmp_path)).train(
+      inputs.ones_x, steps=1)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match='Restoring from checkpoint failed.*a mismatch '
+                     'between the current graph and the graph from the '
+                     'checkpoint'):
+    driver.Estimator(model_fn_of([1.]), model_dir=str(tmp_path)).train(
+        inputs.ones_x, steps=1)
+
+
 @pytest.mark.subprocess
 @pytest.mark.parametrize('name', lanes.DRIVERS)
 def test_with_a_master_and_workers_worker_0_alone_writes_summaries(
