@@ -1181,6 +1181,18 @@ def test_receivers_match_tensorflow_estimator(label, name, make_args):
   assert _receiver_outcome(tpu_fc.export, name, make_args) == expected_outcome
 
 
+def test_each_modes_saved_model_tags_under_tf_export_libs_name():
+  """`EXPORT_TAG_MAP` (TF's export_lib's, which its tests read): the tags
+  an export gives each mode's meta graph."""
+  modules = [tpu_fc.export]
+  if lanes.LEGACY:
+    from tensorflow_estimator.python.estimator.export import export_lib  # pylint: disable=g-import-not-at-top
+    modules.append(export_lib)
+  for module in modules:
+    assert [module.EXPORT_TAG_MAP[mode] for mode in ('train', 'eval', 'infer')
+           ] == [['train'], ['eval'], ['serve']]
+
+
 def test_single_tensors_are_wrapped_under_tf_default_names():
   with tf.Graph().as_default():
     t = tf.compat.v1.placeholder(tf.float32, [None])

@@ -22,6 +22,9 @@ EvalOutput = internals.EvalOutput
 ExportOutput = internals.ExportOutput
 PredictOutput = internals.PredictOutput
 RegressionOutput = internals.RegressionOutput
+# Each mode's SavedModel tags (TF core's map; TF's export_lib, which its tests
+# read it from, has it too).
+EXPORT_TAG_MAP = internals.EXPORT_TAG_MAP
 
 _SINGLE_FEATURE = internals.SINGLE_FEATURE_DEFAULT_NAME
 _SINGLE_LABEL = internals.SINGLE_LABEL_DEFAULT_NAME
