@@ -4,6 +4,7 @@ script's CPU/GPU twin runs where TF has no `tf.estimator`.  Expectations are
 derived by hand; on the legacy lane TF 2.15's own classes must meet them too
 (`lanes.DRIVERS`)."""
 import collections
+import functools
 import glob
 import itertools
 import json
@@ -167,6 +168,44 @@ def test_tf_config_errors(monkeypatch, name, tf_config, error):
   driver = lanes.core_driver(name)
   for run_config_class in (driver.RunConfig, driver.TPURunConfig):
     assert _constructed(run_config_class) == error
+
+
+def _place_on_cpu(op):
+  del op
+  return '/cpu:0'
+
+
+def _place_keyword_only(*, op):
+  del op
+  return '/cpu:0'
+
+
+def _place_on(device, op):
+  del op
+  return device
+
+
+# TF's rule: `device_fn`'s positional arguments, those a partial binds
+# excepted, are exactly ('op',).
+DEVICE_FNS = {
+    'one_op': (_place_on_cpu, 'constructed'),
+    'partial': (functools.partial(_place_on, '/cpu:0'), 'constructed'),
+    'lambda': (lambda op: '/cpu:0', 'constructed'),
+    'keyword_only_op': (_place_keyword_only, 'refused'),
+    'other_name': (lambda operation: '/cpu:0', 'refused'),
+    'two_arguments': (_place_on, 'refused'),
+    'not_callable': ('/cpu:0', 'refused'),
+}
+
+
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+@pytest.mark.parametrize('case', sorted(DEVICE_FNS))
+def test_device_fn_must_take_exactly_op(name, case):
+  device_fn, expected = DEVICE_FNS[case]
+  outcome = _constructed(
+      lambda: lanes.core_driver(name).RunConfig(device_fn=device_fn))
+  assert outcome == expected if expected == 'constructed' else outcome == (
+      ValueError, 'device_fn must be callable with exactly one argument "op".')
 
 
 def _overriding(base, member, class_name='Overriding'):

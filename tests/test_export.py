@@ -19,6 +19,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 import tpu_fc
 from tpu_fc._tf import tf
 
+from harness import estimators
+from harness import inputs
 from harness import lanes
 from harness import scripts
 from harness.oracle import outcome
@@ -1310,3 +1312,130 @@ def test_raw_receiver_placeholder_shapes_like_tf(make, shape, batch):
       actual = (placeholder.shape.as_list()
                 if placeholder.shape.rank is not None else None)
       assert actual == shape(batch), module.__name__
+
+
+# tf.estimator's export names around a TPUEstimator: the model_fn as exported
+# (`add_metrics` builds on it) and a meta graph per mode.
+
+
+def _auc(labels, predictions):
+  """add_metrics' metric_fn: a Keras metric, as TF's docstring has it."""
+  auc = tf.keras.metrics.AUC()
+  auc.update_state(labels, tf.sigmoid(predictions['logit']))
+  return {'auc': auc}
+
+
+def _drivers():
+  """tpu_fc, and on the legacy lane TF 2.15's TPUEstimator."""
+  return [tpu_fc] + ([tf.compat.v1.estimator.tpu] if lanes.LEGACY else [])
+
+
+@pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
+def test_model_fn_is_the_model_as_exported_and_add_metrics_builds_on_it(
+    tmp_path):
+  """`estimator.model_fn(features, labels, mode, config)` calls the model_fn
+  as TF's TPUEstimator exports it: on the CPU, params['use_tpu'] False, no
+  batch size, an EstimatorSpec back.  `tf.estimator.add_metrics` (TF 2.15's
+  raised "config must be an instance of RunConfig" for tpu_fc's) evaluates
+  the trained model on the CPU with its metrics and metric_fn's."""
+  seen = {}
+  for driver in _drivers():
+    records = []
+    estimator = estimators.linear_estimator(
+        tmp_path / driver.__name__, use_tpu=driver is tpu_fc, driver=driver,
+        record=lambda params, records=records: records.append(
+            {key: value for key, value in params.items()
+             if key in ('use_tpu', 'batch_size', 'context')}))
+    with tf.Graph().as_default():
+      batch = estimators.LINEAR_BATCH
+      spec = estimator.model_fn(
+          tf.constant(inputs.X[:batch]), tf.constant(inputs.Y[:batch]),
+          tpu_fc.ModeKeys.EVAL, estimator.config)
+      assert type(spec).__name__ == 'EstimatorSpec'
+      assert set(spec.eval_metric_ops) == {'mean_logit'}
+    estimator.train(inputs.linear, max_steps=2)
+    with tpu_fc.legacy_names.installed():
+      extended = tf.estimator.add_metrics(estimator, _auc)
+    # (a plain Estimator, whose input_fn gets no batch size, as in TF)
+    seen[driver] = records[0], extended.evaluate(
+        lambda: estimators.linear_eval_input_fn({'batch_size': estimators.LINEAR_BATCH}),
+        steps=estimators.LINEAR_EVAL_STEPS)
+  params, metrics = seen[tpu_fc]
+  assert params == {'use_tpu': False}
+  assert set(metrics) == {'loss', 'mean_logit', 'auc', 'global_step'}
+  cpu = estimators.linear_estimator(tmp_path / 'tpu_fc',
+                                    use_tpu=False).evaluate(
+                                        estimators.linear_eval_input_fn,
+                                        steps=estimators.LINEAR_EVAL_STEPS)
+  for name in ('loss', 'mean_logit'):
+    assert metrics[name] == pytest.approx(cpu[name], rel=1e-6), name
+  if lanes.LEGACY:  # (trained on the emulated TPU's 2 shards; TF's on the CPU)
+    legacy_params, legacy = seen[tf.compat.v1.estimator.tpu]
+    assert legacy_params == params
+    for name in metrics:
+      assert metrics[name] == pytest.approx(legacy[name], rel=1e-5), name
+
+
+def _receivers():
+  """TRAIN and EVAL receivers of raw features and labels, PREDICT's of
+  features."""
+  features = tf.zeros([estimators.LINEAR_BATCH, 2])
+  supervised = tf.estimator.experimental.build_raw_supervised_input_receiver_fn(
+      features, tf.zeros([estimators.LINEAR_BATCH, 1]))
+  return {tpu_fc.ModeKeys.TRAIN: supervised, tpu_fc.ModeKeys.EVAL: supervised,
+          tpu_fc.ModeKeys.PREDICT: tf.estimator.export.build_raw_serving_input_receiver_fn(
+              features)}
+
+
+def _meta_graphs(export_dir):
+  """{tags: {signature: (inputs, outputs)}} of a SavedModel, and the kernel
+  each meta graph restores."""
+  found = {}
+  for tags in (['train'], ['eval'], ['serve']):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      loaded = tf.compat.v1.saved_model.load(session, tags, export_dir)
+      kernel, = [session.run(variable)
+                 for variable in tf.compat.v1.global_variables()
+                 if variable.op.name == 'dense/kernel']
+      found[tags[0]] = ({name: (sorted(signature.inputs),
+                                sorted(signature.outputs))
+                         for name, signature in loaded.signature_def.items()},
+                        kernel)
+  return found
+
+
+@pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
+def test_experimental_export_all_saved_models_writes_a_meta_graph_per_mode(
+    tmp_path, tf_log):
+  """One SavedModel: TRAIN, EVAL and PREDICT meta graphs with TF's tags and
+  signatures, one set of variables; with export_to_tpu, TF's warning for the
+  modes a TPU does not export (no TPU meta graph without a TPU)."""
+  exported = {}
+  for driver in _drivers():
+    estimator = estimators.linear_estimator(
+        tmp_path / driver.__name__, use_tpu=driver is tpu_fc, driver=driver)
+    estimator.train(inputs.linear, max_steps=2)
+    with tpu_fc.legacy_names.installed():
+      export_dir = estimator.experimental_export_all_saved_models(
+          str(tmp_path / ('export_' + driver.__name__)), _receivers())
+    exported[driver] = (_meta_graphs(export_dir.decode()),
+                        estimator.get_variable_value('dense/kernel'))
+  meta_graphs, kernel = exported[tpu_fc]
+  assert {tags: signatures for tags, (signatures, _) in meta_graphs.items()} == {
+      'train': {'train': (['input', 'label'], ['loss'])},
+      'eval': {'eval': (['input', 'label'],
+                        ['loss', 'metrics/mean_logit/update_op',
+                         'metrics/mean_logit/value', 'predictions/logit'])},
+      'serve': {'serving_default': (['input'], ['logit'])},
+  }
+  for tags, (_, restored) in meta_graphs.items():
+    np.testing.assert_array_equal(restored, kernel, err_msg=tags)
+  ignored = ['TPUEstimator only handles mode PREDICT for exporting when '
+             '`export_to_tpu` is `True`; Mode {} will be ignored for TPU.'.format(
+                 mode) for mode in ('train', 'eval')]
+  assert [m for m in tf_log if m in ignored] == ignored * len(_drivers())
+  if lanes.LEGACY:
+    legacy_meta_graphs, _ = exported[tf.compat.v1.estimator.tpu]
+    assert ({tags: signatures for tags, (signatures, _) in
+             legacy_meta_graphs.items()} ==
+            {tags: signatures for tags, (signatures, _) in meta_graphs.items()})

@@ -133,6 +133,23 @@ def test_the_estimator_core_knows_no_tpu():
                 if m.startswith('tpu_fc.estimator.tpu')], name
 
 
+def test_the_estimator_core_knows_no_embedding():
+  """The core (`tpu_fc/estimator/` but `tpu/` and `head/`) imports none of
+  the embedding's parts: the TPU layer partitions its tables itself and hands
+  down what it needs of the core (its row updates through
+  `SyncReplicas.aggregate_rows`, the explanation of its failed input checks)."""
+  embedding = {'tpu_fc.lookup', 'tpu_fc.naming', 'tpu_fc.spec',
+               'tpu_fc.columns', 'tpu_fc.mid_level'}
+  core = {module: tree for module, tree in _modules().items()
+          if module.startswith('tpu_fc.estimator.') and not module.startswith(
+              ('tpu_fc.estimator.tpu.', 'tpu_fc.estimator.head.'))}
+  assert 'tpu_fc.estimator.distributed' in core
+  for module, tree in core.items():
+    imported = {_part(name) for node in _run_time_nodes(tree)
+                for name in _imported(node)}
+    assert not imported & embedding, (module, sorted(imported & embedding))
+
+
 def test_inputs_and_the_engine_stand_below_their_users():
   """`inputs` needs only TensorFlow; the engine only the inputs, the update
   rules and their reference; naming and variables are the owners' (the

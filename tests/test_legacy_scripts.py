@@ -1,11 +1,15 @@
 """Legacy TPUEstimator scripts, unchanged (TF's names only), through
-`python -m tpu_fc run`: the emulated TPU trains, evaluates and predicts."""
+`python -m tpu_fc run`: the emulated TPU trains, evaluates and predicts; a
+user's model script (tests/scripts/legacy_user_model.py) through all four
+modes, under TF1 and TF2 behaviour, and on TF 2.15 by TF's own TPUEstimator."""
 import json
+import os
 import textwrap
 
 import numpy as np
 import pytest
 
+from harness import lanes
 from harness import scripts
 
 LEGACY_SCRIPT = '''
@@ -109,3 +113,115 @@ def test_legacy_script_runs_unchanged(tmp_path):
   assert 'input_layer/ids_embedding/embedding_weights' in result['variables']
   assert 'input_layer/ids_embedding/embedding_weights/Adagrad' in (
       result['variables'])
+
+
+# A legacy script as users wrote it (tests/scripts/legacy_user_model.py), run
+# unchanged by `python -m tpu_fc run`, and on TF 2.15 by TF's own TPUEstimator.
+
+USER_MODEL = os.path.join(scripts.SCRIPTS, 'legacy_user_model.py')
+
+
+def _run_user_model(tmp_path, name, runs, v1=True, on_tpu_fc=True):
+  """{run name: result} of the script's `runs`, in a process of its own."""
+  result = tmp_path / (name + '.json')
+  args = (['-m', 'tpu_fc', 'run'] if on_tpu_fc else []) + [
+      USER_MODEL, str(result), str(tmp_path / name)] + (['--v1'] if v1 else [])
+  for run in runs:
+    args += ['--run', run]
+  finished = scripts.run_python(args, cwd=str(tmp_path), env=scripts.env(),
+                                timeout=600)
+  assert finished.returncode == 0, finished.stderr[-6000:]
+  return json.loads(result.read_text())
+
+
+def _assert_same_model(got, want):
+  """Same variables, metrics, predictions and served predictions, bit for bit
+  (the same kernels on the same values, in the same order)."""
+  assert sorted(got['variables']) == sorted(want['variables'])
+  for name, value in want['variables'].items():
+    np.testing.assert_array_equal(got['variables'][name], value, err_msg=name)
+  assert got['metrics'] == want['metrics']
+  np.testing.assert_array_equal(got['predictions'], want['predictions'])
+  np.testing.assert_array_equal(got['served'], want['served'])
+  assert len(got['summaries']) == len(want['summaries'])
+
+
+@pytest.fixture(scope='module')
+def user_model_runs(tmp_path_factory):
+  """The script under TF1 behaviour (disable_v2_behavior), emulated TPU with 2
+  shards looping 3 steps per run or 1 (also with host_call every 2 steps),
+  with 1 shard, on the CPU, and with a dynamic batch; and with TF2 behaviour,
+  2 shards looping."""
+  tmp_path = tmp_path_factory.mktemp('user_model')
+  runs = _run_user_model(tmp_path, 'v1', [
+      'loop:tpu:2:3', 'step:tpu:2:1', 'one_shard:tpu:0:3', 'cpu:cpu:0:3',
+      'dynamic:tpu:2:3:dynamic_batch', 'every_2:tpu:2:3:host_call_every_2'])
+  runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
+                                    v1=False)['loop']
+  if lanes.LEGACY:
+    runs['tf_cpu'] = _run_user_model(tmp_path, 'tf', ['cpu:cpu:0:3'],
+                                     on_tpu_fc=False)['cpu']
+  return runs
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize('name', ['loop', 'step', 'one_shard', 'cpu',
+                                  'v2_loop'])
+def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name):
+  """Static shapes (`tf.zeros(logits.shape)`), Keras `Input(tensor=...)`,
+  multivalent sequence ids and recall_at_k through all four modes: the exported
+  model serves what predict gave."""
+  run = user_model_runs[name]
+  assert 'error' not in run, run.get('error')
+  assert run['metrics']['global_step'] == 6
+  assert set(run['metrics']) == {'loss', 'recall_at_1', 'accuracy',
+                                 'global_step'}
+  assert len(run['predictions']) == 32
+  np.testing.assert_array_equal(run['served'], run['predictions'][:8])
+  assert run['profiles'] >= 1  # the ProfilerHook wrote timelines
+  # host_call runs every step, its tags unprefixed by any loop's name scope;
+  # it reads the global step in the run that increments it (as in TF): step k
+  # logs k or k + 1
+  assert [tag for tag, _ in run['summaries']] == ['loss'] * 6
+  assert all(step in (k, k + 1)
+             for k, (_, step) in enumerate(run['summaries'])), run['summaries']
+
+
+@pytest.mark.subprocess
+def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
+  """experimental_host_call_every_n_steps=2 in loops of 3 steps: steps 0 and
+  2 of each loop (0, 2, 3, 5), under TF1 control flow (a v1 cond in a v1
+  while_loop); the model trains as with host_call every step."""
+  run = user_model_runs['every_2']
+  assert [tag for tag, _ in run['summaries']] == ['loss'] * 4
+  assert all(step in (k, k + 1) for k, (_, step) in zip(
+      [0, 2, 3, 5], run['summaries'])), run['summaries']
+  _assert_same_model(dict(run, summaries=user_model_runs['loop']['summaries']),
+                     user_model_runs['loop'])
+
+
+@pytest.mark.subprocess
+def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
+  """Under disable_v2_behavior, as with TF2 control flow: 3 steps per
+  session.run, each the same as one step per run (the history table's
+  learning_rate_fn read in the loop: TF1 once failed to build it there)."""
+  assert user_model_runs['loop']['training_runs'] == 2
+  assert user_model_runs['step']['training_runs'] == 6
+  _assert_same_model(user_model_runs['loop'], user_model_runs['step'])
+  _assert_same_model(user_model_runs['v2_loop'], user_model_runs['loop'])
+
+
+@pytest.mark.subprocess
+@pytest.mark.legacy_only
+def test_cpu_run_is_tf_2_15s(user_model_runs):
+  _assert_same_model(user_model_runs['cpu'], user_model_runs['tf_cpu'])
+
+
+@pytest.mark.subprocess
+def test_a_dynamic_batch_gets_tf_2_15s_error_naming_the_feature(
+    user_model_runs):
+  error = user_model_runs['dynamic']['error']
+  assert error.startswith('The features to the model returned by input_fn must '
+                          'have static shape. Tensor: ')
+  assert "Feature 'price' has shape (?, 1)" in error
+  assert 'drop_remainder=True' in error

@@ -132,7 +132,7 @@ def test_optimizers_without_mid_level_twin_refuse_clearly(parameters):
 
 # The migrated serving lookup (`tpu_fc.serving`: these configs, `split_features`
 # and TF's own `TPUEmbeddingForServing`) gives the legacy activations derived by
-# hand (test_embedding_core's numpy model).  Positive weights only: TF's CPU
+# hand (test_host_engine's numpy model).  Positive weights only: TF's CPU
 # lookup of several weighted ids prunes non-positive ones, a TPU does not
 # (LEGACY_SEMANTICS §9).
 SERVED_SPARSE = inputs.Ids('sparse', [(0, 0, 3), (0, 2, 0), (1, 0, 5), (1, 1, 1),

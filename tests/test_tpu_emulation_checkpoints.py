@@ -1,6 +1,7 @@
 """Checkpoints of the emulated TPU: the names TF 2.15's TPU mode gave tables
 and slots (in the graph, as parts; in checkpoints, without), alike with
-use_tpu=False, so a model_dir continues either way; warm starts find them."""
+use_tpu=False, so a model_dir continues either way; warm starts find them,
+and remap a vocabulary's rows (`VocabInfo`)."""
 import types
 
 import numpy as np
@@ -240,3 +241,66 @@ def test_cross_restore_between_cpu_and_tpu_adagrad(tmp_path, order):
     np.testing.assert_allclose(estimator.get_variable_value('bias'), bias,
                                **oracle.TOL)
     assert estimator.get_variable_value('global_step') == step
+
+
+WORDS = ['apple', 'banana', 'cherry']
+NEW_WORDS = ['cherry', 'date', 'apple', 'elderberry']
+
+
+def _word_column(vocabulary_size):
+  """A table of a vocabulary's rows (the input gives them as ids)."""
+  return tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_identity('word',
+                                                         vocabulary_size), 2,
+      initializer=tf.compat.v1.truncated_normal_initializer(seed=1))
+
+
+@pytest.mark.parametrize('use_tpu', [False, True], ids=['cpu', 'tpu'])
+def test_a_warm_start_remaps_a_vocabulary_with_vocab_info(tmp_path, use_tpu):
+  """`WarmStartSettings(var_name_to_vocab_info={table: tf.estimator.
+  VocabInfo(...)})`: each row of the new vocabulary gets its word's old row,
+  a new word the backup initializer's zeros (tf.compat.v1.train.warm_start's),
+  also into the emulated TPU's table (as on a TPU, not a trainable variable:
+  warm_start finds it by a list of names, not a regex)."""
+  table = 'dense_features/word_embedding/embedding_weights'
+  files = {}
+  for name, words in (('old', WORDS), ('new', NEW_WORDS)):
+    files[name] = str(tmp_path / (name + '_words.txt'))
+    with open(files[name], 'w') as f:
+      f.write('\n'.join(words) + '\n')
+
+  def input_fn(params):
+    del params
+    return tf.data.Dataset.from_tensors(
+        ({'word': tf.sparse.from_dense(tf.constant([[1], [2]], tf.int64))},
+         tf.zeros([2, 1]))).repeat()
+
+  def estimator(name, words, warm_start_from=None):
+    column = _word_column(len(words))
+    return tpu_fc.TPUEstimator(
+        model_fn=models.embedding_model_fn(
+            [column], lambda net, features, labels: tf.reduce_sum(net),
+            layer=tf.keras.layers.DenseFeatures, rate=0.0, cross_shard=False),
+        use_tpu=use_tpu, train_batch_size=2,
+        config=tpu_fc.RunConfig(model_dir=str(tmp_path / name)),
+        warm_start_from=warm_start_from,
+        embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+            feature_columns=[column],
+            optimization_parameters=(
+                tpu_fc.StochasticGradientDescentParameters(0.))))
+
+  old = estimator('old', WORDS)
+  old.train(input_fn, max_steps=1)
+  with tpu_fc.legacy_names.installed():
+    settings = tf.estimator.WarmStartSettings(
+        old.model_dir, vars_to_warm_start=[table],  # (global variables too)
+        var_name_to_vocab_info={table: tf.estimator.VocabInfo(
+            new_vocab=files['new'], new_vocab_size=len(NEW_WORDS),
+            num_oov_buckets=0, old_vocab=files['old'],
+            backup_initializer=tf.compat.v1.zeros_initializer())})
+  new = estimator('new', NEW_WORDS, settings)
+  new.train(input_fn, max_steps=1)
+  old_rows = old.get_variable_value(table)
+  np.testing.assert_array_equal(new.get_variable_value(table), [
+      old_rows[WORDS.index(word)] if word in WORDS else [0., 0.]
+      for word in NEW_WORDS])

@@ -72,10 +72,8 @@ def test_embedding_ids_of_another_batch_than_configured_fail(tmp_path, static):
   time when their batch is static, else when the step runs."""
   user = tpu_fc.embedding_column(fc.categorical_column_with_identity('u', 10), 4)
 
-  def model_fn(features, labels, mode, params):
-    del labels, params
-    net = tf.compat.v1.keras.layers.DenseFeatures([user])(features)
-    return models.tpu_spec(mode, tf.reduce_sum(net))
+  model_fn = models.embedding_model_fn(
+      [user], lambda net, features, labels: tf.reduce_sum(net))
 
   def input_fn(params):
     del params

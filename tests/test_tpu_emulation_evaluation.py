@@ -1,7 +1,10 @@
 """Evaluation and prediction on the emulated TPU, as on a TPU: evaluation is
 inference (no update) whose metrics see every shard and step and whose loss is
 shard 0's; predict looks up the trained tables on the CPU, in padded batches
-of a static shape."""
+of a static shape.  A metric_fn's metrics are (value, update_op) pairs there:
+a Keras metric object, which the CPU takes, is refused."""
+import re
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ from tpu_fc._tf import tf
 
 from harness import estimators
 from harness import inputs
+from harness import lanes
 from harness import models
 from harness import oracle
 
@@ -218,3 +222,35 @@ def test_dict_configured_features_predict_from_their_activations(tmp_path):
   predicted = [p['f'] for p in estimator.predict(
       lambda params: input_fn(params).take(1).map(lambda f, l: f))]
   np.testing.assert_allclose(predicted, table[ids].mean(axis=1), rtol=1e-6)
+
+
+def _keras_auc(labels, logits):
+  """A Keras metric object, as TF's EstimatorSpec takes it."""
+  auc = tf.keras.metrics.AUC()
+  auc.update_state(labels, tf.sigmoid(logits))
+  return {'auc': auc}
+
+
+def test_a_keras_metric_from_metric_fn_counts_on_the_cpu_and_is_refused_on_a_tpu(
+    tmp_path):
+  """As TF 2.15: with use_tpu=False its EstimatorSpec takes a Keras metric
+  object; its TPU evaluation fails on one (it takes each metric's [0] and
+  [1]): the same TypeError, saying what a metric_fn returns, in an
+  evaluation loop and in a one-step evaluation alike."""
+  metrics, _ = estimators.train_linear(tmp_path / 'cpu', use_tpu=False,
+                                       metric_fn=_keras_auc)
+  assert 0 < metrics['auc'] <= 1
+  if lanes.LEGACY:
+    legacy, _ = estimators.train_linear(
+        tmp_path / 'legacy', use_tpu=False, metric_fn=_keras_auc,
+        driver=tf.compat.v1.estimator.tpu)
+    assert legacy['auc'] == metrics['auc']
+  for eval_steps in (estimators.LINEAR_EVAL_STEPS, 1):
+    with pytest.raises(TypeError, match=re.escape(
+        "'AUC' object is not subscriptable: metric_fn returned it for metric "
+        "'auc'. On a TPU (use_tpu=True, eval_on_tpu=True), a metric_fn returns "
+        'a dict of name -> (value, update_op) pairs, e.g. from '
+        'tf.compat.v1.metrics.*')):
+      estimators.train_linear(tmp_path / 'tpu_{}'.format(eval_steps),
+                              use_tpu=True, metric_fn=_keras_auc,
+                              eval_steps=eval_steps)

@@ -2,8 +2,10 @@
 
 To the model_fn the emulated TPU looks like a TPU: static shapes, the
 configured batch, rank-3 sequence ids combined per position, weights read by
-one column.  A TPU model's predict and export see the ids its training saw, for
-every input kind.
+one column; features may be one Tensor, not a dict.  A TPU model's predict
+and export see the ids its training saw, for every input kind (ids
+transformed in the input_fn for training, TF's advice for hash columns, are
+refused in predict, which takes the raw feature).
 
 The TPU enqueues a tensor-core example's first `tensor_core_shape[1]` ids, a
 sequence up to its last id (a dense sequence's -1 entries are padding), and takes
@@ -22,6 +24,7 @@ from tpu_fc.lookup import backends
 
 from harness import estimators
 from harness import inputs
+from harness import lanes
 from harness import models
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
@@ -380,3 +383,84 @@ def test_numpy_features_train_as_tensors(tmp_path):
   tpu = estimators.option_estimator(tmp_path)
   tpu.train(input_fn, max_steps=1)
   assert tpu.get_variable_value('global_step') == 1
+
+
+def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
+  """TPUEstimator's input_fn may give a Tensor, not a dict (it crashed with use_tpu=True)."""
+  cpu_metrics, cpu_kernel = estimators.train_linear(tmp_path / 'cpu',
+                                                    use_tpu=False)
+  tpu_metrics, tpu_kernel = estimators.train_linear(tmp_path / 'tpu',
+                                                    use_tpu=True)
+  np.testing.assert_allclose(tpu_kernel, cpu_kernel, rtol=1e-6)
+  # (The eval loss is shard 0's, as on a TPU; metrics see every shard.)
+  np.testing.assert_allclose(tpu_metrics['mean_logit'], cpu_metrics['mean_logit'],
+                             rtol=1e-6)
+  if lanes.LEGACY:  # TF's own driver agrees
+    legacy_metrics, legacy_kernel = estimators.train_linear(
+        tmp_path / 'legacy', use_tpu=False, driver=tf.compat.v1.estimator.tpu)
+    np.testing.assert_allclose(legacy_kernel, cpu_kernel, rtol=1e-6)
+    np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
+
+
+HASH_BUCKETS = 7
+WORDS = np.array([b'a', b'b', b'c', b'd'] * (inputs.N // 4))
+
+
+def _hashed_column():
+  return tpu_fc.embedding_column(
+      tf.feature_column.categorical_column_with_hash_bucket('word', HASH_BUCKETS),
+      2, initializer=tf.compat.v1.constant_initializer(0.1))
+
+
+def _word_input_fn(params, mode):
+  """TF's advice for hash columns on the TPU: integer ids made in the input_fn."""
+  def parse(words, labels):
+    features = {'word': tf.sparse.from_dense(words[:, tf.newaxis])}
+    if params['transform_in_predict'] or mode != tpu_fc.ModeKeys.PREDICT:
+      features['word'] = _hashed_column().categorical_column._transform_feature(  # pylint: disable=protected-access
+          features)
+    return features, labels
+  dataset = tf.data.Dataset.from_tensor_slices((WORDS, inputs.Y))
+  if mode == tpu_fc.ModeKeys.TRAIN:
+    dataset = dataset.repeat()
+  return dataset.batch(params['batch_size'], drop_remainder=True).map(parse)
+
+
+def _word_model_fn(features, labels, mode, params):
+  logits = tf.reduce_sum(
+      tf.keras.layers.DenseFeatures([_hashed_column()])(features), axis=1,
+      keepdims=True)
+  if mode == tpu_fc.ModeKeys.PREDICT:
+    return tpu_fc.TPUEstimatorSpec(mode, predictions={'logit': logits})
+  loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, logits)
+  optimizer = tf.compat.v1.tpu.CrossShardOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1))
+  return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=optimizer.minimize(
+      loss, tf.compat.v1.train.get_global_step()))
+
+
+@pytest.mark.parametrize('transform_in_predict', [False, True])
+def test_predict_of_ids_transformed_for_the_tpu(tmp_path, transform_in_predict):
+  """Ids transformed in the input_fn for TPU training: raw strings to predict."""
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_word_model_fn, use_tpu=True,
+      train_batch_size=estimators.LINEAR_BATCH,
+      predict_batch_size=estimators.LINEAR_BATCH,
+      params={'transform_in_predict': transform_in_predict},
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path)),
+      embedding_config_spec=tpu_fc.EmbeddingConfigSpec(
+          feature_columns=[_hashed_column()],
+          optimization_parameters=tpu_fc.StochasticGradientDescentParameters(
+              0.1)))
+  estimator.train(_word_input_fn, max_steps=2)
+  predictions = estimator.predict(_word_input_fn, yield_single_examples=False)
+  if transform_in_predict:
+    with pytest.raises(ValueError, match='Feature word holds int64 ids, but its '
+                       'column word takes strings: with use_tpu=True, predict'):
+      next(predictions)
+    return
+  table = estimator.get_variable_value(
+      'dense_features/word_embedding/embedding_weights')
+  ids = tf.strings.to_hash_bucket_fast(WORDS[:estimators.LINEAR_BATCH], HASH_BUCKETS).numpy()
+  np.testing.assert_allclose(next(predictions)['logit'][:, 0],
+                             table[ids].sum(axis=1), rtol=1e-6)

@@ -1,6 +1,10 @@
 """In-graph loops on the emulated TPU: iterations_per_loop steps per
 session.run with the step-by-step result, an evaluation's steps in one run,
-hooks between the loops."""
+hooks between the loops (a hook on a model_fn tensor inside one is refused,
+saying to use host_call), host_call every n steps of each loop."""
+import os
+import re
+
 import numpy as np
 import pytest
 
@@ -10,6 +14,7 @@ from tpu_fc._tf import tf
 from harness import estimators
 from harness import inputs
 from harness import models
+from harness import scripts
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 fc = tf.feature_column
@@ -167,3 +172,88 @@ def test_a_hook_fetches_the_step_before_each_loop(tmp_path):
   estimators.option_estimator(tmp_path, iterations_per_loop=10).train(
       inputs.contract_input_fn('sparse'), max_steps=200, hooks=[hook])
   assert hook.seen == list(range(0, 200, 10))
+
+
+HOOK_EXPLANATION = ('training_hooks cannot fetch its tensors .*Pass them to '
+                    'host_call instead')
+
+
+@pytest.mark.parametrize('hook, wording', [
+    ('logging', 'should have graph attribute that is equal to current graph'),
+    ('nan', 'is not an element of this graph')])
+def test_hook_on_a_model_fn_tensor_says_to_use_host_call(tmp_path, tf_log, hook,
+                                                          wording):
+  """The hook works on the CPU; under the TPU loop the error (TF's, worded as
+  the hook fetches) says why and what to do."""
+  estimators.train_linear(tmp_path / 'cpu', use_tpu=False, hook_on_loss=hook)
+  if hook == 'logging':
+    assert any(m.startswith('loss = ') for m in tf_log)
+  with pytest.raises(ValueError, match='(?s)' + wording + '.*' + HOOK_EXPLANATION):
+    estimators.train_linear(tmp_path / 'tpu', use_tpu=True, hook_on_loss=hook)
+
+
+TF1_HOOK_SCRIPT = """
+import tpu_fc
+import tensorflow as tf
+from harness import estimators
+tf.compat.v1.disable_v2_behavior()
+try:
+  estimators.train_linear({!r}, use_tpu=True, hook_on_loss='nan')
+except ValueError as error:
+  print(type(error).__name__, error)
+"""
+
+
+@pytest.mark.subprocess
+def test_hook_on_a_model_fn_tensor_under_tf1_control_flow_says_to_use_host_call(
+    tmp_path):
+  """A TF1 loop's body op is not fetchable: TF's error class and wording, then
+  the explanation."""
+  finished = scripts.run_python(
+      ['-c', TF1_HOOK_SCRIPT.format(str(tmp_path))], cwd=str(tmp_path),
+      env=scripts.env())
+  assert finished.returncode == 0, finished.stderr[-4000:]
+  assert re.search('^InaccessibleTensorError .*has been marked as not '
+                   'fetchable.*' + HOOK_EXPLANATION,
+                   finished.stdout, re.S), finished.stdout
+
+
+def _summary_steps(directory):
+  """The steps of the summaries written to `directory`, in order."""
+  return sorted(event.step
+                for path in tf.io.gfile.glob(os.path.join(directory, 'events*'))
+                for event in tf.compat.v1.train.summary_iterator(path)
+                for _ in event.summary.value)
+
+
+@pytest.mark.parametrize('run', ['loop', 'one_step', 'cpu', pytest.param(
+    'tf_cpu', marks=pytest.mark.legacy_only)])
+def test_host_call_runs_every_n_steps_of_each_tpu_loop(tmp_path, run):
+  """TPUConfig(experimental_host_call_every_n_steps=3), iterations_per_loop=4,
+  10 steps: on a TPU, at steps 0 and 3 of each loop (loops of 4, 4 and 2
+  steps: steps 0, 3, 4, 7, 8), in a loop or one step per run; with
+  use_tpu=False every step, as TF 2.15's own TPUEstimator(use_tpu=False)."""
+  driver = tf.compat.v1.estimator.tpu if run == 'tf_cpu' else tpu_fc
+  use_tpu = run in ('loop', 'one_step')
+  summary_dir = str(tmp_path / 'host_call')
+  estimator = driver.TPUEstimator(
+      model_fn=models.linear_model_fn, use_tpu=use_tpu,
+      train_batch_size=estimators.LINEAR_BATCH,
+      params={'hook_on_loss': None, 'spec': driver.TPUEstimatorSpec,
+              'summary_dir': summary_dir},
+      config=driver.RunConfig(
+          model_dir=str(tmp_path / 'model'), tpu_config=driver.TPUConfig(
+              iterations_per_loop=4, num_shards=2 if use_tpu else None,
+              experimental_host_call_every_n_steps=3)))
+  if run == 'one_step':  # the same batch every step: one step per run
+    batch = estimators.LINEAR_BATCH
+    estimator.train(lambda params: (tf.constant(inputs.X[:batch]),
+                                    tf.constant(inputs.Y[:batch])), max_steps=10)
+  else:
+    estimator.train(inputs.linear, max_steps=10)
+  steps = _summary_steps(summary_dir)
+  # (host_call reads the global step in the run that increments it, as in
+  # TF: step k logs k or k + 1)
+  on_tpu_steps = [0, 3, 4, 7, 8] if use_tpu else list(range(10))
+  assert len(steps) == len(on_tpu_steps), steps
+  assert all(step in (k, k + 1) for k, step in zip(on_tpu_steps, steps)), steps

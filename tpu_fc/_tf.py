@@ -8,4 +8,3 @@ import tensorflow as tf
 from tpu_fc import _version_tuple
 
 TF_VERSION = _version_tuple(tf.__version__)
-HAS_LEGACY_TPU_EMBEDDING = TF_VERSION < (2, 16)

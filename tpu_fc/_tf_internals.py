@@ -9,6 +9,7 @@ read, only here, so a TF upgrade that moves one fails in this one named place
 uses the names below.
 """
 import contextlib
+import re
 
 from tpu_fc._tf import tf  # noqa: F401  (TF must be imported via tpu_fc._tf)
 
@@ -143,6 +144,9 @@ op_list_to_dict = saveable_object_util.op_list_to_dict
 escape_checkpoint_name = trackable_utils.escape_local_name
 make_saveable_from_iterator = iterator_ops.make_saveable_from_iterator
 PartitionedVariable = variables_lib.PartitionedVariable
+# The op names of part N of a partitioned variable and its ops (TF names the
+# parts `<variable>/part_N`).
+PART_NAME = re.compile(r'/part_(\d+)(?:/|$)')
 
 
 def mark_as_only_part(variable, full_name):

@@ -2,7 +2,10 @@
 estimators, with the reference oracle they are checked against.
 
 * `inputs`: input_fns and the features of each input kind;
-* `models`: model_fns and what they are built of (columns, losses, train ops);
+* `models`: model_fns and what they are built of (columns, losses, train ops),
+  the contract model's lookup paths (`PATHS`);
+* `mid_level`: the contract model migrated to `tpu_fc.mid_level` and its TF2
+  training loop (the contract's mid_level path);
 * `estimators`: estimators, specs and the optimizers they train with;
 * `oracle`: `tpu_fc.reference` stepped with its float32 error bound
   (`ReferenceSteps`), the wrong rules that bound must reject, and the expected

@@ -248,6 +248,12 @@ def train_dense_x(driver, model_dir, cross_shard):
 
 
 LINEAR_BATCH = 4
+LINEAR_EVAL_STEPS = inputs.N // LINEAR_BATCH  # one pass over the data
+
+
+def linear_eval_input_fn(params):
+  """One pass over the linear model's data (`inputs.linear`)."""
+  return inputs.linear(params).take(LINEAR_EVAL_STEPS)
 
 
 def linear_estimator(model_dir, use_tpu, driver=tpu_fc, **params):
@@ -267,7 +273,7 @@ def linear_estimator(model_dir, use_tpu, driver=tpu_fc, **params):
 
 def train_linear(model_dir, use_tpu, hook_on_loss=None, driver=tpu_fc,
                  metric_fn=models.mean_logit,
-                 eval_steps=inputs.N // LINEAR_BATCH):
+                 eval_steps=LINEAR_EVAL_STEPS):
   """(metrics, kernel) of `linear_estimator` trained 2 steps and evaluated
   (`eval_steps`), with `driver`'s TPUEstimator (tpu_fc's or TF's)."""
   estimator = linear_estimator(model_dir, use_tpu, driver,

@@ -10,8 +10,9 @@ from harness import inputs
 from harness import models
 
 # The spec's optimizers that have a `tf.tpu.experimental.embedding` twin.
-MID_LEVEL_OPTIMIZERS = ('adagrad', 'adagrad_momentum', 'adam', 'adam_non_lazy',
-                        'adam_per_core', 'ftrl', 'sgd')
+MID_LEVEL_OPTIMIZERS = tuple(
+    name for name, params in estimators.EMBEDDING_OPTIMIZERS.items()
+    if params.MID_LEVEL is not None)
 
 
 def tpu_embedding(optimizer_name, num_cores, pipelined=False):
@@ -26,13 +27,24 @@ def tpu_embedding(optimizer_name, num_cores, pipelined=False):
       pipeline_execution_with_tensor_core=pipelined, num_cores=num_cores)
 
 
+def _batches(kind):
+  """() -> the step's IDS as `kind`; iterator_tensors: the next element of a
+  Dataset's iterator (sparse ids), as a migrated loop takes its batch."""
+  if kind != 'iterator_tensors':
+    return lambda: inputs.contract_ids(kind)
+  iterator = iter(tf.data.Dataset.from_tensors(
+      inputs.contract_ids('sparse')).repeat())
+  return lambda: next(iterator)
+
+
 def step(embedding, kind, num_cores, squared=False, scale_gradients=None):
   """One step of the migrated loop (untraced): the model's loss on IDS as
   `kind`, its gradient scaled as `CrossShardOptimizer` scales each core's
   (then by `scale_gradients`, e.g. `MidLevelConfig.scale_gradients`)."""
+  batch = _batches(kind)
 
   def run_step():
-    embedding.enqueue({'ids': inputs.contract_ids(kind)})
+    embedding.enqueue({'ids': batch()})
     with tf.GradientTape() as tape:
       activations = embedding.dequeue()
       tape.watch(activations)

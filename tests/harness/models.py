@@ -14,8 +14,9 @@ from tpu_fc._tf import tf
 
 from harness import inputs
 
-# The contract model's lookup paths, column and loss.
-PATHS = ('cpu', 'embedding_core', 'tensor_core')
+# The contract model's lookup paths (mid_level: migrated to TF2,
+# `harness.mid_level`), column and loss.
+PATHS = ('cpu', 'embedding_core', 'tensor_core', 'mid_level')
 VOCAB, DIM = 6, 2
 LR = 0.2  # of every optimizer of the model's table or loss
 COEF = np.array([1.0, -2.0], np.float32)
@@ -223,6 +224,19 @@ def weighted_columns():
       [fc.weighted_categorical_column(
           fc.categorical_column_with_identity(key, 5), 'values')
        for key in ('ids1', 'ids2')], 4)
+
+
+def embedding_model_fn(columns, loss_fn,
+                       layer=tf.compat.v1.keras.layers.DenseFeatures,
+                       **spec_args):
+  """`layer(columns)`'s activation `net` and the loss `loss_fn(net,
+  features, labels)`, trained by SGD (`tpu_spec`'s `spec_args`: rate,
+  cross_shard)."""
+  def model_fn(features, labels, mode, params):
+    del params
+    net = layer(columns)(features)
+    return tpu_spec(mode, loss_fn(net, features, labels), **spec_args)
+  return model_fn
 
 
 # Models of dense features.

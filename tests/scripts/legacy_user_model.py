@@ -1,8 +1,8 @@
 """A ranking model written as TPUEstimator users wrote them, in TF1 style.
 
 A legacy script: TF 2.15 runs it with its own TPUEstimator; `python -m tpu_fc
-run` runs it unchanged on tpu_fc (tests/test_user_scripts.py, in a process of
-its own: TF1 behaviour is global).
+run` runs it unchanged on tpu_fc (tests/test_legacy_scripts.py, in a process
+of its own: TF1 behaviour is global).
 
   legacy_user_model.py RESULT_JSON MODEL_DIR [--v1]
       [--run NAME:cpu|tpu:NUM_SHARDS:ITERATIONS_PER_LOOP[:dynamic_batch]

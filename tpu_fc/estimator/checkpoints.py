@@ -345,9 +345,8 @@ def renaming_saver(checkpoint_path, var_list, alias=None):
                            var_list, alias)
   if not read_as:
     return None
-  return tf.compat.v1.train.Saver(
-      var_list={read_as.get(n, n): v for n, v in var_list.items()},
-      sharded=True)
+  return tf.compat.v1.train.Saver(var_list=_as_read(var_list, read_as),
+                                  sharded=True)
 
 
 def _check_restorable(checkpoint_path, shapes, var_list, lacking):

@@ -6,25 +6,19 @@ the whole graph with `replica_device_setter`, so variables live on the ps tasks
 and ops on the task itself, and train in a `MonitoredTrainingSession` on their
 own server.  tpu_fc adds:
 
-* **Partitioned tables.**  Every embedding table of the spec (the host engine's
-  and, with use_tpu=False, the feature columns') is split row-wise into one part
-  per ps task with `fixed_size_partitioner`: the legacy `div` layout and the
-  `<table>/part_N` variables TPUEstimator created, part N (and its optimizer
-  slots) on ps N, so each ps applies the updates of its own rows.  Checkpoints
-  hold each table as one variable saved in slices: they restore on one host.
+* **Parts on their ps**: part N of a partitioned variable (and of its slots,
+  partitioned alike) on ps N, so each ps applies the updates of its own rows.
 * **Synchronous training** (`RunConfig(sync_replicas=True)`):
-  `SyncReplicasOptimizer` semantics for the model optimizer and the embedding
-  engine alike (see `SyncReplicas`).
+  `SyncReplicasOptimizer` semantics for the model optimizer and for the
+  updates a layer above applies itself (see `SyncReplicas`).
 """
 import contextlib
 import threading
 import time
 
 from tpu_fc import _tf_internals as internals
-from tpu_fc import naming
 from tpu_fc._tf import tf
 from tpu_fc.estimator import run_config
-from tpu_fc.lookup import sparse_update
 
 _servers = {}
 _servers_lock = threading.Lock()
@@ -118,8 +112,8 @@ class TaskSessionHook(tf.compat.v1.train.SessionRunHook):
 class _PartsOnTheirPs:
   """ps strategy: part N of a partitioned variable on ps N, others round robin.
 
-  Tables and their slots are partitioned alike, so a table's rows and their
-  optimizer state always share a ps task.
+  So a variable's rows and their optimizer state (slots partitioned alike)
+  always share a ps task.
   """
 
   def __init__(self, num_tasks):
@@ -127,7 +121,7 @@ class _PartsOnTheirPs:
     self._next_task = 0
 
   def __call__(self, op):
-    part = sparse_update.PART_NAME.search(op.name)
+    part = internals.PART_NAME.search(op.name)
     if part:
       return int(part.group(1)) % self._num_tasks
     task = self._next_task
@@ -148,71 +142,6 @@ def device_fn(config):
       ps_strategy=_PartsOnTheirPs(config.num_ps_replicas))
 
 
-def _table_initializers(layout):
-  """`initializer_of(variable name)`: a table's initializer if the name is one
-  of the spec's tables, else None.
-
-  Those are the host engine's tables (`tpu_embedding/<table>`), and the tables
-  the feature columns create on the CPU path, under any scope
-  (`naming.is_column_variable`).
-  """
-  by_name = {naming.engine_table(table.name): table.initializer
-             for table in layout.tables}
-  by_column = [(feature.column, layout.table(feature.table).initializer)
-               for feature in layout.features if feature.column is not None]
-
-  def initializer_of(name):
-    if name in by_name:
-      return by_name[name]
-    for column, initializer in by_column:
-      if naming.is_column_variable(name, column):
-        return initializer
-    return None
-
-  return initializer_of
-
-
-@contextlib.contextmanager
-def partitioned_tables(embedding_config_spec, num_parts):
-  """Creates the spec's tables inside as `num_parts` row-wise parts (div layout).
-
-  Only the tables are split; a table the model_fn already partitions keeps its
-  partitioner.  Tables made with `get_variable` (the host engine, `input_layer`,
-  shared columns) get the partitioner through a custom getter on the root
-  variable scope, as Estimator users put one on their scope; those of Keras's
-  `DenseFeatures`, which bypasses variable scopes, through a variable creator
-  that builds them with `get_variable` instead.
-  """
-  if embedding_config_spec is None or num_parts < 1:
-    yield
-    return
-  initializer_of = _table_initializers(embedding_config_spec.embedding_layout())
-  partitioner = tf.compat.v1.fixed_size_partitioner(num_parts)
-  graph = tf.compat.v1.get_default_graph()
-
-  def partitioning_getter(getter, name, *args, **kwargs):
-    if initializer_of(name) is not None and kwargs.get('partitioner') is None:
-      kwargs['partitioner'] = partitioner
-    return getter(name, *args, **kwargs)
-
-  def partitioning_creator(next_creator, **kwargs):
-    name = '/'.join(part for part in (graph.get_name_scope(),
-                                      kwargs.get('name')) if part)
-    initializer = initializer_of(name) if kwargs.get('name') else None
-    if initializer is None:
-      return next_creator(**kwargs)
-    with graph.name_scope(None):
-      return internals.default_variable_store().get_variable(
-          name, shape=kwargs['shape'], dtype=kwargs.get('dtype'),
-          initializer=initializer, trainable=kwargs.get('trainable', True),
-          partitioner=partitioner, use_resource=True)
-
-  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
-                                   custom_getter=partitioning_getter), \
-      tf.compat.v1.variable_creator_scope(partitioning_creator):
-    yield
-
-
 def input_context(config):
   """The `tf.distribute.InputContext` of this task's input pipeline."""
   return tf.distribute.InputContext(
@@ -226,14 +155,14 @@ class SyncReplicas:
   """`SyncReplicasOptimizer` semantics for a whole training step.
 
   While the model is built, every `tf.compat.v1.train.Optimizer.apply_gradients`
-  and every embedding-engine table update hands its gradients here instead of
-  applying them.  Each task's train op then adds its gradients, tagged with the
-  step they were computed at, to accumulators on the ps holding the variable
-  (stale ones are dropped), and waits for a token.  On the chief, a thread runs
-  the sync op: take the average of `replicas` gradients from every accumulator,
-  apply them with the original updates, then increment the global step (which
-  the engine's learning rate reads first) and put one token in each replica's
-  own queue.
+  and every update a layer above routes through `aggregate_rows` hands its
+  gradients here instead of applying them.  Each task's train op then adds its
+  gradients, tagged with the step they were computed at, to accumulators on the
+  ps holding the variable (stale ones are dropped), and waits for a token.  On
+  the chief, a thread runs the sync op: take the average of `replicas`
+  gradients from every accumulator, apply them with the original updates, then
+  increment the global step (which those updates may read first) and put one
+  token in each replica's own queue.
 
   Two departures from TF's `SyncReplicasOptimizer`, so that a step equals a
   single-host step over the union of the replicas' batches: tokens are per
@@ -263,9 +192,10 @@ class SyncReplicas:
     """(accumulate op, average gradient): the gradient through `variable`'s accumulator."""
     shared_name = variable.op.name + '/grad_accum'
     sparse = isinstance(gradient, tf.IndexedSlices)
+    # The accumulator and what the chief takes from it are on the chief's side.
     with tf.device(variable.device):
-      with _chief_side():  # the accumulator and what the chief takes from it
-        if sparse:
+      if sparse:
+        with _chief_side():
           accumulator = tf.compat.v1.SparseConditionalAccumulator(
               gradient.dtype, shape=variable.shape, shared_name=shared_name,
               reduction_type='SUM')
@@ -277,28 +207,28 @@ class SyncReplicas:
           average = tf.IndexedSlices(
               total / tf.cast(self._replicas, total.dtype), rows,
               taken.dense_shape)
-        else:
-          accumulator = tf.compat.v1.ConditionalAccumulator(
-              gradient.dtype, shape=variable.shape, shared_name=shared_name)
-          average = accumulator.take_grad(self._replicas)
-      if sparse:
         accumulate = accumulator.apply_indexed_slices_grad(
             tf.IndexedSlices(gradient.values,
                              tf.cast(gradient.indices, tf.int64),
                              tf.constant(variable.shape.as_list(), tf.int64)),
             local_step=self._local_step)
       else:
+        with _chief_side():
+          accumulator = tf.compat.v1.ConditionalAccumulator(
+              gradient.dtype, shape=variable.shape, shared_name=shared_name)
+          average = accumulator.take_grad(self._replicas)
         accumulate = accumulator.apply_grad(gradient,
                                             local_step=self._local_step)
     self._accumulators.append((accumulator, variable.device))
     return accumulate, average
 
   def aggregate_rows(self, variable, gradient, apply):
-    """A table part's update through the aggregation (the engine's
-    `aggregate_rows`)."""
+    """`apply(average gradient)` of a variable updated outside an optimizer
+    (the TPU layer's tables), through the aggregation; runs before the
+    optimizers' updates on the chief."""
     accumulate, average = self._aggregated(gradient, variable)
     with _chief_side():
-      self._updates[('engine', variable.op.name)] = (accumulate, apply(average))
+      self._updates[('rows', variable.op.name)] = (accumulate, apply(average))
     return accumulate
 
   def _apply_gradients(self, original, optimizer, grads_and_vars,
@@ -319,7 +249,7 @@ class SyncReplicas:
 
   @contextlib.contextmanager
   def building(self):
-    """Routes the model's and the engine's updates here while the model is built.
+    """Routes the model optimizers' updates here while the model is built.
 
     TF's one hook into every TF1 optimizer's `apply_gradients` is a current
     `tf.distribute` strategy (its `merge_call`), but under any non-default
@@ -347,7 +277,7 @@ class SyncReplicas:
           'tf.compat.v1.train.Optimizer (its apply_gradients is what is '
           'synchronized); none was called.')
     accumulates = [accumulate for accumulate, _ in self._updates.values()]
-    engine = [u for key, (_, u) in self._updates.items() if key[0] == 'engine']
+    rows = [u for key, (_, u) in self._updates.items() if key[0] == 'rows']
     model = [u for key, (_, u) in self._updates.items() if key[0] == 'model']
     graph = tf.compat.v1.get_default_graph()
     with tf.device(global_step.device), graph.name_scope(None):
@@ -358,7 +288,7 @@ class SyncReplicas:
       with tf.control_dependencies([train_op] + accumulates):
         token = tokens[self._replica].dequeue()
       worker_train_op = self._local_step.assign(token).op
-      with tf.control_dependencies(engine):
+      with tf.control_dependencies(rows):
         update = tf.group(*model)
       if self._increments_global_step:
         with tf.control_dependencies([update]):
@@ -377,7 +307,7 @@ class SyncReplicas:
 def _chief_side():
   """Where accumulators and the chief's updates are built: free of control deps.
 
-  (A table update is built after the model's train op, under its control;
+  (A row update is built after the model's train op, under its control;
   the sync op must not run a task's step.)
   """
   return tf.control_dependencies(None)

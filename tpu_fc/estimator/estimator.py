@@ -3,14 +3,10 @@
 It sequences modes: for each call it builds a fresh graph (seed, global step,
 input_fn, then the model through `_build_mode_graph`, the one graph-building
 step a subclass overrides, which returns a `model_fn.BuiltGraph`) and hands
-what was built to `sessions`, which runs it.  `tpu.tpu_estimator.TPUEstimator`
-is the TPU layer on top.  In a parameter-server cluster (`TF_CONFIG`, see
-`distributed`) training is Estimator's between-graph replication: ps tasks
-serve variables, the chief and the workers build the graph with a replica
-device setter and train on their own server.
-
-The methods below are `TPUEstimator`'s public ones; where it adds checks, their
-docstrings say so.
+what was built to `sessions`, which runs it.  In a parameter-server cluster
+(`TF_CONFIG`, see `distributed`) training is Estimator's between-graph
+replication: ps tasks serve variables, the chief and the workers build the
+graph with a replica device setter and train on their own server.
 """
 from __future__ import annotations
 
@@ -147,8 +143,8 @@ def add_item_to_params(params, key, value):
 
 
 def _create_global_step(graph):
-  """TPUEstimator's global step: an int64 resource variable (every mode's
-  graph is a new one)."""
+  """The global step: an int64 resource variable (every mode's graph is a new
+  one)."""
   with graph.as_default() as g, g.name_scope(None):
     return tf.compat.v1.get_variable(
         tf.compat.v1.GraphKeys.GLOBAL_STEP,
@@ -256,8 +252,7 @@ class Estimator(object):
   @property
   def config(self) -> run_config.RunConfig:
     """A copy of the `RunConfig` in use (`model_dir` and `session_config`
-    filled in; a `TPUEstimator`'s has `log_step_count_steps` None, as TF's:
-    its own hooks log)."""
+    filled in)."""
     return copy.deepcopy(self._config)
 
   @property
@@ -274,12 +269,7 @@ class Estimator(object):
   @property
   def model_fn(self) -> Callable[..., Any]:
     """The model_fn bound to `params`: `(features, labels, mode, config) ->
-    EstimatorSpec`, as an export calls it (tf.estimator's `model_fn`).
-
-    A `TPUEstimator`'s runs the model as TF 2.15's exports it: on the CPU,
-    `params['use_tpu']` False, no `params['batch_size']`, a `TPUEstimatorSpec`
-    turned into its `EstimatorSpec`.
-    """
+    EstimatorSpec`, as an export calls it (tf.estimator's `model_fn`)."""
     return self._model_fn_as_exported
 
   def eval_dir(self, name: str | None = None) -> str:
@@ -336,11 +326,8 @@ class Estimator(object):
 
     Returns the timestamped export directory under `export_dir_base` (bytes).
 
-    A `TPUEstimator` exports the model as TF 2.15's does (see `model_fn`),
-    every embedding looked up on the CPU from the trained tables, whatever
-    the columns' training lookup device; `export_to_tpu=True` adds no TPU
-    meta graph without a TPU (logged).  The SavedModel loads with
-    `tf.saved_model.load` and runs with `saved_model_cli`, without tpu_fc.
+    The SavedModel loads with `tf.saved_model.load` and runs with
+    `saved_model_cli`, without tpu_fc.
 
     Args:
       export_dir_base: the directory the timestamped export directory is
@@ -362,8 +349,7 @@ class Estimator(object):
     Raises:
       ValueError: no `serving_input_receiver_fn`, no checkpoint to export,
         `checkpoint_path` not a checkpoint, the graph needs variables the
-        checkpoint lacks, or (`TPUEstimator`) both `export_to_cpu` and
-        `export_to_tpu` False.
+        checkpoint lacks, or the estimator's export settings forbid it.
     """
     if not serving_input_receiver_fn:
       raise ValueError('An input_receiver_fn must be defined.')
@@ -501,43 +487,31 @@ class Estimator(object):
             steps: int | None = None,
             max_steps: int | None = None,
             saving_listeners: Iterable[Any] | None = None) -> Estimator:
-    """Trains from the latest checkpoint in model_dir (or from scratch).
+    """Trains `steps` more steps (up to global step `max_steps`, or until
+    input ends) from the latest checkpoint in model_dir, else from
+    `warm_start_from`, else from scratch.
 
-    `steps` more steps, up to global step `max_steps`, or until input ends.
-    On a ps task of a cluster, serves variables instead, until stopped (where
-    TF raised, so that one script can run on every task); on an evaluator
-    task, raises as TF did (`train_and_evaluate` evaluates there).
-
-    Without a checkpoint, warm-starts from `warm_start_from` if given.  One
-    run trains a (local) model_dir at a time: a second fails at once instead
-    of overwriting the first's checkpoints.  A failed step loses no
-    checkpoint.
-    Bad input fails the step with an error naming the feature
-    (`docs/bad_input.md`).
+    A ps task of a cluster serves variables instead, until stopped (TF
+    raised there); an evaluator task raises, as in TF.  Training holds
+    model_dir: a second run on it fails at once, and a failed step loses no
+    checkpoint.  Bad input fails the step with an error naming the feature.
 
     Args:
-      input_fn: `(params[, mode, config, input_context]) -> Dataset` of
-        `(features, labels)` (or `features, labels` tensors); a
-        `TPUEstimator`'s must take `params` (`params['batch_size']`, and on
-        the emulated TPU `params['context']`).
-      hooks: `tf.compat.v1.train.SessionRunHook`s of this training.
-      steps: how many steps to train this call (a positive int); None: until
-        `max_steps` or the input's end.
-      max_steps: the global step to stop at (a positive int); training that
-        already reached it returns at once.  Not with `steps`.
-      saving_listeners: `tf.compat.v1.train.CheckpointSaverListener`s called
-        around each checkpoint save (need a checkpoint interval).
+      input_fn: `([params, mode, config, input_context]) -> Dataset` of
+        `(features, labels)`, or `features, labels` tensors.
+      hooks: this training's `tf.compat.v1.train.SessionRunHook`s.
+      steps: how many steps this call trains (> 0); None: up to `max_steps`
+        or the input's end.
+      max_steps: the global step to stop at (> 0); not with `steps`.
+      saving_listeners: `CheckpointSaverListener`s called around each save.
 
     Returns:
       This estimator.
 
     Raises:
-      ValueError: on an evaluator task; both `steps` and `max_steps`, or one
-        <= 0; listeners without checkpoint saving; the model_fn's or
-        input_fn's arguments (a `TPUEstimator`'s must take `params`; labels
-        given to a model_fn without `labels`); a spec the mode cannot run; on
-        the emulated TPU, a batch not divisible by the cores or a feature of
-        unknown static shape.
+      ValueError: on an evaluator task; `steps` with `max_steps`, or one
+        <= 0; listeners without checkpoint saving; labels given to a
+        model_fn without `labels`, or a spec the mode cannot run.
       TypeError: a hook or listener of another type.
       RuntimeError: another run is training this model_dir.
       PermissionError: `model_dir` is not writable.
@@ -617,38 +591,28 @@ class Estimator(object):
                hooks: Iterable[Any] | None = None,
                checkpoint_path: str | None = None,
                name: str | None = None) -> dict[str, Any]:
-    """Evaluates `steps` batches (None: until input ends) of a checkpoint.
-
-    Returns the metrics dict with `loss` and `global_step`; summaries go to
-    `eval_dir(name)`.
+    """Evaluates a checkpoint (the latest, or `checkpoint_path`; none: the
+    model as initialized, logged) on `steps` batches, or until input ends.
 
     The checkpoint is held while it is read, so a trainer's
-    `keep_checkpoint_max` cannot delete it meanwhile.  Without a checkpoint,
-    the model is evaluated as initialized (logged).  A `TPUEstimator` on the
-    emulated TPU (`use_tpu=True`, `eval_on_tpu=True`) runs all `steps` in
-    one `session.run`, metrics over all shards, with no table update.
+    `keep_checkpoint_max` cannot delete it meanwhile.
 
     Args:
-      input_fn: as in `train`.
-      steps: batches to evaluate (a positive int); None: until the input
-        ends.  The emulated TPU needs it.
-      hooks: `tf.compat.v1.train.SessionRunHook`s of this evaluation.
-      checkpoint_path: the checkpoint to evaluate; None: the latest.
-      name: the evaluation's name, for evaluations on several data sets
-        (summaries in `eval_dir(name)`); None: the default.
+      input_fn: as `train` takes it.
+      steps: how many batches (> 0); None: until the input ends.
+      hooks: this evaluation's `tf.compat.v1.train.SessionRunHook`s.
+      checkpoint_path: the checkpoint; None: the latest.
+      name: the evaluation's name (summaries in `eval_dir(name)`); None:
+        the default.
 
     Returns:
-      Metric name -> value: the `eval_metric_ops` (or the `metric_fn`'s)
-      metrics, `loss` (its mean over the batches) and `global_step`.
+      The model's metrics by name, `loss` (its mean over the batches) and
+      `global_step`.
 
     Raises:
-      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
-        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
-        checks of the model_fn and input_fn.
-      TypeError: a hook of another type; on the emulated TPU, `steps` not an
-        int.
-      RuntimeError: on the emulated TPU, a model_fn returning an
-        `EstimatorSpec` (evaluation there needs a `TPUEstimatorSpec`).
+      ValueError: `steps` <= 0, `checkpoint_path` not a checkpoint, or as
+        `train`.
+      TypeError: a hook of another type.
       PermissionError: `eval_dir(name)` is not writable.
     """
     hooks = hooks_lib.check_hooks_type(hooks)
@@ -709,33 +673,27 @@ class Estimator(object):
               hooks: Iterable[Any] | None = None,
               checkpoint_path: str | None = None,
               yield_single_examples: bool = True) -> Iterator[Any]:
-    """Yields predictions (dicts, or the tensor's values) until input ends.
+    """A generator of predictions until input ends: dicts, or the values of a
+    single tensor, per example or per batch.
 
-    A generator: it builds, restores and raises when first iterated.  A
-    `TPUEstimator` with `use_tpu=True` looks up on the CPU, as TF's default
-    lookup device does for inference, runs the model_fn once per input batch
-    (under `PER_HOST_V2` a core's) and pads a short last batch, dropping the
-    padding's predictions.
+    It builds, restores and raises when first iterated.
 
     Args:
-      input_fn: as in `train`; labels it returns are ignored.
-      predict_keys: the keys of a predictions dict to compute; None: all.
-      hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
-      checkpoint_path: the checkpoint to predict with; None: the latest (none:
-        the model as initialized, logged).
-      yield_single_examples: True: one example at a time (each tensor split
-        along its first dimension); False: whole batches.
+      input_fn: as `train` takes it (its labels are not used).
+      predict_keys: the predictions to compute; None: all of them.
+      hooks: this prediction's `tf.compat.v1.train.SessionRunHook`s.
+      checkpoint_path: the checkpoint; None: the latest (none: the model as
+        initialized, logged).
+      yield_single_examples: True: example by example (every tensor split
+        along its first dimension); False: batch by batch.
 
     Yields:
-      Per example (or batch): a dict of the predictions' values, or the value
-      of a single predictions tensor.
+      The predictions' values, per example (or batch).
 
     Raises:
-      ValueError: `predict_keys` with non-dict predictions or naming none of
-        them, predictions of different batch sizes (single examples),
-        `checkpoint_path` not a checkpoint, and `train`'s checks of the
-        model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
-        or one not divisible by the cores.
+      ValueError: `predict_keys` with predictions that are no dict or naming
+        none of them, predictions of different batch sizes (single
+        examples), `checkpoint_path` not a checkpoint, or as `train`.
       TypeError: a hook of another type.
     """
     hooks = hooks_lib.check_hooks_type(hooks) + self._task_session_hooks()

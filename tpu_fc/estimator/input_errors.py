@@ -1,27 +1,18 @@
 """A step's bad input, reported by what is wrong with it rather than where it failed.
 
 TF reports a failing op of `session.run` as `Graph execution error:`, the Python
-stack that defined the op, then the op's own text.  For two kinds of input error
-the driver re-raises the same error class with a message that starts with the
-feature and the bad values and says what to do (no chained traceback):
-
-* a failed input check of the emulated TPU (`inputs.input_check`): its
-  message alone;
-* an id outside a feature column's table (`use_tpu=False`, and the CPU lookups of
-  prediction): the feature, the column, the id and the range, then TF's text and
-  node.  Only the message changes.
-
-Other errors pass unchanged.
+stack that defined the op, then the op's own text.  For an id outside a feature
+column's table (a gather or segment reduction of its lookup) the driver
+re-raises the same error class with a message that starts with the feature, the
+column, the id and the range and says what to do, then TF's text and node (no
+chained traceback); a layer above may explain its own errors the same way
+(`explained(explanation)`).  Other errors pass unchanged.
 """
 import contextlib
 import re
 
 from tpu_fc._tf import tf
-from tpu_fc.lookup import inputs
 
-_FAILED_CHECK = re.compile(
-    r'^assertion failed: \[(.*)\]\n\s*\[\[\{\{node (?:[^{}]*/)?' +
-    inputs.INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
 # TF's gather error in a column's lookup (`<column>_weights/embedding_lookup`,
 # `.../embedding_lookup_sparse/embedding_lookup` for safe lookups), or its
 # segment reduction's (the inference lookup, `columns._inference_lookup`, and
@@ -38,12 +29,13 @@ _EMBEDDING_COLUMN_NAME = re.compile(
 
 
 @contextlib.contextmanager
-def explained():
-  """Re-raises an input error of the steps run inside with the message above."""
+def explained(explanation=None):
+  """Re-raises an input error of the steps run inside with the message above,
+  or with `explanation(TF's message)` where that is not None."""
   try:
     yield
   except tf.errors.InvalidArgumentError as error:
-    message = _explanation(error.message)
+    message = (explanation or _explanation)(error.message)
     if message is None:
       raise
     # Without the op, whose definition stack str(error) would list after it.
@@ -52,9 +44,6 @@ def explained():
 
 def _explanation(message):
   """The message to show for TF's `message`, or None to keep TF's."""
-  check = _FAILED_CHECK.search(message)
-  if check:  # (TF's listing escapes the quotes of the data it prints)
-    return check.group(1).replace("\\'", "'").replace('\\"', '"')
   gather = _ID_OUT_OF_RANGE.search(message)
   if not gather:
     return None

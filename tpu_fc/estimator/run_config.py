@@ -9,11 +9,11 @@ with `tpu_config`) may take them from a `ClusterResolver` instead.
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import os
 from typing import Any, Callable
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 
 
@@ -244,16 +244,12 @@ _PROPERTY_CHECKS = (
      'experimental_max_worker_delay_secs must be an integer if set.'),
     ('session_creation_timeout_secs', lambda v: v > 0,
      'session_creation_timeout_secs should be > 0'),
-    ('device_fn', lambda v: callable(v) and _fn_args(v) == ('op',),
+    ('device_fn', lambda v: callable(v) and internals.fn_args(v) == ('op',),
      'device_fn must be callable with exactly one argument "op".'),
     ('protocol', lambda v: v in ('grpc', 'grpc+verbs'),
      'protocol should be grpc or grpc+verbs'),
 ) + tuple((name, lambda v: False, _NO_STRATEGY.format(name, name))
           for name in _STRATEGY_FIELDS)
-
-
-def _fn_args(fn):
-  return tuple(inspect.signature(fn).parameters)
 
 
 def validate(config):

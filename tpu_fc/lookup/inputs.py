@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tpu_fc._tf import tf
@@ -41,8 +42,12 @@ STRING_IDS_ERROR = (
     'your_column.categorical_column._transform_feature({{your_column.key: '
     'features[your_column.key]}}) in your input_fn() to convert string to int. '
     'feature_key = {}.')
-# The op of every input check (`input_check`): the driver shows its message alone.
+# The op of every input check (`input_check`): the driver shows its message
+# alone (`failed_check`).
 INPUT_CHECK_NAME = 'tpu_fc_input_check'
+_FAILED_CHECK = re.compile(
+    r'^assertion failed: \[(.*)\]\n\s*\[\[\{\{node (?:[^{}]*/)?' +
+    INPUT_CHECK_NAME + r'(?:_\d+)?\}\}', re.MULTILINE)
 
 
 # TF's text; TF's enqueue pops each weight feature, so a second column reading
@@ -572,6 +577,14 @@ def input_check(ok, message_fn):
   """
   return tf.cond(ok, tf.no_op, lambda: tf.raw_ops.Assert(
       condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
+
+
+def failed_check(message):
+  """The message of the `input_check` whose failure TF's `message` reports
+  (for the driver to show alone), or None."""
+  check = _FAILED_CHECK.search(message)
+  # (TF's listing escapes the quotes of the data it prints)
+  return check and check.group(1).replace("\\'", "'").replace('\\"', '"')
 
 
 def check_ids(feature_name, table_name, ids, vocabulary_size,

@@ -31,8 +31,6 @@ Where a kernel departs from the reference it is not used (the `Rule` says where)
   needs `initial_accumulator_value=0`, `l2 = beta = 0` and `learning_rate_power
   < 0`, and such configurations always use the gathered formulas.
 """
-import re
-
 import numpy as np
 
 from tpu_fc import _tf_internals as internals
@@ -58,16 +56,12 @@ def bind_variable_handle(handle, variable):
   internals.set_shared_name(handle, variable.handle.op.get_attr('shared_name'))
 
 
-# The op names of part N of a partitioned variable and its ops.
-PART_NAME = re.compile(r'/part_(\d+)(?:/|$)')
-
-
 def _on_devices_of(parts):
   """Device function: ops of `.../part_N` on the device of `parts[N]`."""
   devices = [part.device for part in parts]
 
   def device(op):
-    match = PART_NAME.search(op.name)
+    match = internals.PART_NAME.search(op.name)
     return devices[int(match.group(1))] if match else op.device
 
   return device

@@ -132,6 +132,20 @@ class Head(abc.ABC):
   def _summary_key(self, key):
     return '{}/{}'.format(key, self.name) if self.name else key
 
+  def _regularization_metric(self, regularization_losses):
+    """{key: a new mean of the regularization loss}, or {} without such
+    losses."""
+    if regularization_losses is None:
+      return {}
+    key = MetricKeys.LOSS_REGULARIZATION
+    return {self._summary_key(key): tf.keras.metrics.Mean(name=key)}
+
+  def _update_regularization_metric(self, eval_metrics, regularization_losses):
+    if regularization_losses is not None:
+      eval_metrics[self._summary_key(
+          MetricKeys.LOSS_REGULARIZATION)].update_state(
+              values=tf.math.add_n(regularization_losses))
+
   def create_estimator_spec(self, features, mode, logits, labels=None,
                             optimizer=None, trainable_variables=None,
                             train_op_fn=None, update_ops=None,
@@ -183,11 +197,14 @@ class Head(abc.ABC):
 
 class SingleHead(Head):
   """What TF's single-objective heads share: labels to loss, the spec of
-  each mode, vocabulary lookups, the common metrics.
+  each mode, vocabulary lookups, the common metrics, a classifier's
+  predictions and export outputs.
 
   A subclass gives `_processed_labels`, `_default_loss` (the loss without a
-  `loss_fn`), `predictions`, `metrics`, `_update_metrics` (its metrics but
-  the losses') and `_export_outputs`.  `_per_logit`: the loss (and weights
+  `loss_fn`), `_own_metrics` (its metrics but the losses' and those
+  `_keyed_metrics` makes), `_update_metrics` (its metrics but the losses'),
+  and `_class_predictions` with `_prediction_keys` (a classifier) or
+  `predictions` and `_export_outputs`.  `_per_logit`: the loss (and weights
   may be) per logit, not per example.
   """
   _per_logit = False
@@ -272,30 +289,29 @@ class SingleHead(Head):
               unweighted_loss, sample_weight=weights,
               reduction=self._loss_reduction), regularization_losses)
 
-  def _metrics(self, metrics, regularization_losses):
-    """{summary key: metric} of Keras metrics named by their keys, the
-    regularization loss's mean last where there are such losses."""
-    if regularization_losses is not None:
-      metrics.append(
-          tf.keras.metrics.Mean(name=MetricKeys.LOSS_REGULARIZATION))
-    return {self._summary_key(metric.name): metric for metric in metrics}
+  def metrics(self, regularization_losses=None):
+    """New metrics by key: see the class doc."""
+    with tf.compat.v1.name_scope('metrics', values=(regularization_losses,)):
+      metrics = [tf.keras.metrics.Mean(name=MetricKeys.LOSS_MEAN)]
+      metrics += self._own_metrics()
+      eval_metrics = {self._summary_key(metric.name): metric
+                      for metric in metrics}
+      eval_metrics.update(self._regularization_metric(regularization_losses))
+      eval_metrics.update(self._keyed_metrics())
+    return eval_metrics
 
   def update_metrics(self, eval_metrics, features, logits, labels,
                      regularization_losses=None):
     """`eval_metrics` (from `metrics`) updated with a batch."""
     predictions = self.predictions(logits)
     logits = check_logits_final_dim(logits, self._logits_dimension)
-    processed_labels = self._processed_labels(logits, labels)
+    labels = self._processed_labels(logits, labels)
     unweighted_loss, weights = self._unweighted_loss_and_weights(
-        logits, processed_labels, features)
+        logits, labels, features)
     eval_metrics[self._summary_key(MetricKeys.LOSS_MEAN)].update_state(
         values=unweighted_loss, sample_weight=weights)
-    if regularization_losses is not None:
-      eval_metrics[self._summary_key(
-          MetricKeys.LOSS_REGULARIZATION)].update_state(
-              values=tf.math.add_n(regularization_losses))
-    self._update_metrics(eval_metrics, predictions, processed_labels, weights,
-                         labels)
+    self._update_regularization_metric(eval_metrics, regularization_losses)
+    self._update_metrics(eval_metrics, predictions, labels, weights)
     return eval_metrics
 
   def _threshold_keys(self):
@@ -304,8 +320,9 @@ class SingleHead(Head):
         MetricKeys.ACCURACY_AT_THRESHOLD, MetricKeys.PRECISION_AT_THRESHOLD,
         MetricKeys.RECALL_AT_THRESHOLD)) for threshold in self._thresholds]
 
-  def _threshold_metrics(self):
-    """Accuracy, precision and recall at each threshold, by key."""
+  def _keyed_metrics(self):
+    """Metrics named by their keys: accuracy, precision and recall at each
+    threshold."""
     metrics = {}
     for threshold, (accuracy, precision, recall) in zip(
         self._thresholds, self._threshold_keys()):
@@ -324,17 +341,35 @@ class SingleHead(Head):
         eval_metrics[key].update_state(
             y_true=labels, y_pred=probabilities, sample_weight=weights)
 
-  def _class_predictions(self, logits, class_logits, keys):
-    """The predictions of a classifier over one logit per class
-    (`class_logits`), those of `keys`."""
+  def predictions(self, logits, keys=None):
+    """A classifier's predictions of `keys` (None: all), `logits` and its
+    `_class_predictions`."""
+    keys = checked_prediction_keys(keys, self._prediction_keys)
+    logits = check_logits_final_dim(logits, self._logits_dimension)
+    with tf.compat.v1.name_scope('predictions', values=(logits,)):
+      predictions = ({PredictionKeys.LOGITS: logits}
+                     if PredictionKeys.LOGITS in keys else {})
+      predictions.update(self._class_predictions(logits, keys))
+      return predictions
+
+  def _all_classes(self, logits):
+    """Every class's name (vocabulary string or id as a string), per example."""
+    if self._label_vocabulary:
+      return _per_example(logits, tf.constant(self._label_vocabulary))
+    return _per_example(
+        logits, tf.strings.as_string(tf.range(self._n_classes)))
+
+  def _softmax_predictions(self, logits, keys):
+    """The predictions of a classifier over one logit per class, those of
+    `keys`."""
     pred_keys = PredictionKeys
     predictions = {}
     if pred_keys.PROBABILITIES in keys:
       predictions[pred_keys.PROBABILITIES] = tf.compat.v1.nn.softmax(
-          class_logits, name=pred_keys.PROBABILITIES)
+          logits, name=pred_keys.PROBABILITIES)
     if pred_keys.CLASS_IDS in keys or pred_keys.CLASSES in keys:
       class_ids = tf.compat.v1.expand_dims(tf.compat.v1.math.argmax(
-          class_logits, axis=-1, name=pred_keys.CLASS_IDS), axis=-1)
+          logits, axis=-1, name=pred_keys.CLASS_IDS), axis=-1)
       if pred_keys.CLASS_IDS in keys:
         predictions[pred_keys.CLASS_IDS] = class_ids
       if pred_keys.CLASSES in keys:
@@ -342,20 +377,19 @@ class SingleHead(Head):
             self._classes_of(class_ids) if self._label_vocabulary else
             tf.strings.as_string(class_ids, name='str_classes'))
     if pred_keys.ALL_CLASS_IDS in keys:
-      predictions[pred_keys.ALL_CLASS_IDS] = all_class_ids(
-          logits, self._n_classes)
+      predictions[pred_keys.ALL_CLASS_IDS] = _per_example(
+          logits, tf.range(self._n_classes))
     if pred_keys.ALL_CLASSES in keys:
-      predictions[pred_keys.ALL_CLASSES] = all_classes(
-          logits, self._n_classes, self._label_vocabulary)
+      predictions[pred_keys.ALL_CLASSES] = self._all_classes(logits)
     return predictions
 
-  def _classifier_export_outputs(self, predictions, **others):
+  def _export_outputs(self, predictions, **others):
     """A classifier's export outputs: its classification by default, under
     'classification', `others` by their keys, all predictions under
     'predict'."""
-    classification = classification_output(
-        predictions[PredictionKeys.PROBABILITIES], self._n_classes,
-        self._label_vocabulary)
+    probabilities = predictions[PredictionKeys.PROBABILITIES]
+    classification = export_lib.ClassificationOutput(
+        scores=probabilities, classes=self._all_classes(probabilities))
     return export_outputs(CLASSIFY_SERVING_KEY, classification, predictions,
                           **others)
 
@@ -385,6 +419,12 @@ class SingleHead(Head):
     return tpu_estimator_spec.TPUEstimatorSpec(
         mode=ModeKeys.TRAIN, predictions=predictions, loss=loss,
         train_op=train_op)
+
+
+def _per_example(logits, row):
+  """`row` (a value per class) repeated for each example of `logits`."""
+  return tf.tile(tf.expand_dims(row, axis=0),
+                 multiples=[tf.compat.v1.shape(logits)[0], 1])
 
 
 def _shape(tensor):
@@ -444,11 +484,9 @@ def get_weights_and_check_match_logits(features, weight_column, logits,
                                        allow_per_logit_weights=False):
   """The example weights of `features` (1. without `weight_column`), as
   float32 `[D0, ... DN, 1]` (or `[..., logits_dimension]` where allowed)."""
-  if allow_per_logit_weights:
-    err_msg = ('weights shape must be [D0, D1, ... DN], [D0, D1, ... DN, 1] or '
-               '[D0, D1, ... DN, logits_dimension]')
-  else:
-    err_msg = 'weights shape must be [D0, D1, ... DN] or [D0, D1, ... DN, 1]'
+  err_msg = ('weights shape must be [D0, D1, ... DN], [D0, D1, ... DN, 1] or '
+             '[D0, D1, ... DN, logits_dimension]' if allow_per_logit_weights else
+             'weights shape must be [D0, D1, ... DN] or [D0, D1, ... DN, 1]')
   with tf.compat.v1.name_scope(
       'weights', values=tuple(features.values()) + (logits,)) as scope:
     if weight_column is None:
@@ -602,28 +640,6 @@ def checked_prediction_keys(keys, valid_keys):
   return keys or valid_keys
 
 
-def all_class_ids(logits, n_classes):
-  batch_size = tf.compat.v1.shape(logits)[0]
-  return tf.tile(tf.compat.v1.expand_dims(tf.range(n_classes), axis=0),
-                 multiples=[batch_size, 1])
-
-
-def all_classes(logits, n_classes, label_vocabulary=None):
-  """Every class's name (vocabulary string or id as a string), per example."""
-  batch_size = tf.compat.v1.shape(logits)[0]
-  if label_vocabulary:
-    classes = tf.convert_to_tensor([label_vocabulary])
-  else:
-    classes = tf.strings.as_string(
-        tf.expand_dims(tf.range(n_classes), axis=0))
-  return tf.tile(classes, multiples=[batch_size, 1])
-
-
-def classification_output(scores, n_classes, label_vocabulary=None):
-  return export_lib.ClassificationOutput(
-      scores=scores, classes=all_classes(scores, n_classes, label_vocabulary))
-
-
 def export_outputs(default_key, default_output, predictions, **others):
   """A head's export outputs: `default_output` served by default and under
   `default_key`, `others` by their keys, every prediction under 'predict'."""
@@ -648,13 +664,6 @@ def check_label_range(labels, n_classes, message=None):
         labels, message=message or 'Labels must be >= 0')
     with tf.control_dependencies((assert_less, assert_greater)):
       return tf.identity(labels)
-
-
-def update_metric_with_broadcast_weights(eval_metric, values, weights):
-  values = tf.cast(values, dtype=tf.float32)
-  if weights is not None:
-    weights = internals.broadcast_weights(weights, values)
-  eval_metric.update_state(values=values, sample_weight=weights)
 
 
 def plus_regularization(loss, regularization_losses):

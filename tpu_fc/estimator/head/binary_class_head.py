@@ -1,7 +1,6 @@
 """`BinaryClassHead`: TF 2.15's `tf.estimator.BinaryClassHead`."""
 from __future__ import annotations
 
-from tpu_fc import _tf_internals as internals
 from tpu_fc import export as export_lib
 from tpu_fc._tf import tf
 from tpu_fc.estimator.head import base_head
@@ -20,7 +19,9 @@ class BinaryClassHead(base_head.SingleHead):
   (in `evaluate`), `average_loss`, `accuracy`, `precision`, `recall`,
   `prediction/mean`, `label/mean`, `accuracy_baseline`, `auc`,
   `auc_precision_recall`, and at each of `thresholds` accuracy, precision and
-  recall; each key suffixed `/<name>` for a named head.  Export outputs:
+  recall; each key suffixed `/<name>` for a named head.  Predictions:
+  `logits`, `logistic`, `probabilities`, `class_ids`, `classes`,
+  `all_class_ids`, `all_classes`.  Export outputs:
   `classification` (served by default), `regression` (the logistic) and
   `predict`.
 
@@ -36,6 +37,9 @@ class BinaryClassHead(base_head.SingleHead):
       loss, instead of sigmoid cross entropy (labels as float ids).
     name: the suffix of metric and summary keys, the ops' name scope.
   """
+  _prediction_keys = [
+      _PRED.LOGITS, _PRED.LOGISTIC, _PRED.PROBABILITIES, _PRED.CLASS_IDS,
+      _PRED.CLASSES, _PRED.ALL_CLASS_IDS, _PRED.ALL_CLASSES]
 
   def __init__(self, weight_column=None, thresholds=None,
                label_vocabulary=None,
@@ -61,56 +65,38 @@ class BinaryClassHead(base_head.SingleHead):
     return tf.compat.v1.nn.sigmoid_cross_entropy_with_logits(
         labels=labels, logits=logits)
 
-  def predictions(self, logits, keys=None):
-    """Predictions of `keys` (None: all): `logits`, `logistic`,
-    `probabilities`, `class_ids`, `classes`, `all_class_ids`, `all_classes`."""
-    keys = base_head.checked_prediction_keys(keys, [
-        _PRED.LOGITS, _PRED.LOGISTIC, _PRED.PROBABILITIES, _PRED.CLASS_IDS,
-        _PRED.CLASSES, _PRED.ALL_CLASS_IDS, _PRED.ALL_CLASSES])
-    logits = base_head.check_logits_final_dim(logits, 1)
+  def _class_predictions(self, logits, keys):
     predictions = {}
-    with tf.compat.v1.name_scope('predictions', values=(logits,)):
-      if _PRED.LOGITS in keys:
-        predictions[_PRED.LOGITS] = logits
-      if _PRED.LOGISTIC in keys:
-        predictions[_PRED.LOGISTIC] = tf.math.sigmoid(logits,
-                                                      name=_PRED.LOGISTIC)
-      two_class_logits = tf.concat((tf.compat.v1.zeros_like(logits), logits),
-                                   axis=-1, name='two_class_logits')
-      predictions.update(
-          self._class_predictions(logits, two_class_logits, keys))
-      return predictions
+    if _PRED.LOGISTIC in keys:
+      predictions[_PRED.LOGISTIC] = tf.math.sigmoid(logits, name=_PRED.LOGISTIC)
+    two_class_logits = tf.concat((tf.compat.v1.zeros_like(logits), logits),
+                                 axis=-1, name='two_class_logits')
+    predictions.update(
+        self._softmax_predictions(two_class_logits, keys))
+    return predictions
 
-  def metrics(self, regularization_losses=None):
-    """New metrics by key: see the class doc."""
+  def _own_metrics(self):
     metrics = tf.keras.metrics
-    with tf.compat.v1.name_scope('metrics', values=(regularization_losses,)):
-      eval_metrics = self._metrics([
-          metrics.Mean(name=_KEYS.LOSS_MEAN),
-          metrics.Accuracy(name=_KEYS.ACCURACY),
-          metrics.Precision(name=_KEYS.PRECISION),
-          metrics.Recall(name=_KEYS.RECALL),
-          metrics.Mean(name=_KEYS.PREDICTION_MEAN),
-          metrics.Mean(name=_KEYS.LABEL_MEAN),
-          metrics.Mean(name=_KEYS.ACCURACY_BASELINE),
-          metrics.AUC(name=_KEYS.AUC),
-          metrics.AUC(curve='PR', name=_KEYS.AUC_PR)], regularization_losses)
-      eval_metrics.update(self._threshold_metrics())
-    return eval_metrics
+    return [metrics.Accuracy(name=_KEYS.ACCURACY),
+            metrics.Precision(name=_KEYS.PRECISION),
+            metrics.Recall(name=_KEYS.RECALL),
+            metrics.Mean(name=_KEYS.PREDICTION_MEAN),
+            metrics.Mean(name=_KEYS.LABEL_MEAN),
+            metrics.Mean(name=_KEYS.ACCURACY_BASELINE),
+            metrics.AUC(name=_KEYS.AUC),
+            metrics.AUC(curve='PR', name=_KEYS.AUC_PR)]
 
-  def _update_metrics(self, eval_metrics, predictions, labels, weights,
-                      labels_as_given):
-    del labels_as_given
+  def _update_metrics(self, eval_metrics, predictions, labels, weights):
     class_ids = predictions[_PRED.CLASS_IDS]
     key = self._summary_key
     for name in (_KEYS.ACCURACY, _KEYS.PRECISION, _KEYS.RECALL):
       eval_metrics[key(name)].update_state(
           y_true=labels, y_pred=class_ids, sample_weight=weights)
     logistic = predictions[_PRED.LOGISTIC]
-    base_head.update_metric_with_broadcast_weights(
-        eval_metrics[key(_KEYS.PREDICTION_MEAN)], logistic, weights)
+    eval_metrics[key(_KEYS.PREDICTION_MEAN)].update_state(
+        values=logistic, sample_weight=weights)
     label_mean = eval_metrics[key(_KEYS.LABEL_MEAN)]
-    base_head.update_metric_with_broadcast_weights(label_mean, labels, weights)
+    label_mean.update_state(values=labels, sample_weight=weights)
     # Always predicting the more frequent label: the accuracy baseline reads
     # the label mean's variables, max(total, count - total) / count.
     baseline = eval_metrics[key(_KEYS.ACCURACY_BASELINE)]
@@ -118,13 +104,12 @@ class BinaryClassHead(base_head.SingleHead):
     baseline.total = tf.math.maximum(label_mean.total,
                                      label_mean.count - label_mean.total)
     baseline.count = label_mean.count
-    broadcast_weights = internals.broadcast_weights(weights, logistic)
     for name in (_KEYS.AUC, _KEYS.AUC_PR):
       eval_metrics[key(name)].update_state(
-          y_true=labels, y_pred=logistic, sample_weight=broadcast_weights)
+          y_true=labels, y_pred=logistic, sample_weight=weights)
     self._update_threshold_metrics(eval_metrics, labels, logistic, weights)
 
   def _export_outputs(self, predictions):
-    return self._classifier_export_outputs(
+    return super()._export_outputs(
         predictions, regression=export_lib.RegressionOutput(
             value=predictions[_PRED.LOGISTIC]))

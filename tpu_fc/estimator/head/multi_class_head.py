@@ -16,7 +16,9 @@ class MultiClassHead(base_head.SingleHead):
   `[D0, ... DN]`): integer class ids, or strings of `label_vocabulary`.
   Weights are `[D0, ... DN]` or `[D0, ... DN, 1]`.  Metrics: `loss` (in
   `evaluate`), `average_loss`, `accuracy` (suffixed `/<name>` for a named
-  head).  Export outputs: `classification` (served by default), `predict`.
+  head).  Predictions: `logits`, `probabilities`, `class_ids`, `classes`,
+  `all_class_ids`, `all_classes`.  Export outputs: `classification` (served
+  by default), `predict`.
 
   Args:
     n_classes: the number of classes, > 2 (2: `BinaryClassHead`).
@@ -29,6 +31,9 @@ class MultiClassHead(base_head.SingleHead):
       loss, instead of softmax cross entropy (labels as class ids).
     name: the suffix of metric and summary keys, the ops' name scope.
   """
+  _prediction_keys = [
+      _PRED.LOGITS, _PRED.PROBABILITIES, _PRED.CLASS_IDS, _PRED.CLASSES,
+      _PRED.ALL_CLASS_IDS, _PRED.ALL_CLASSES]
 
   def __init__(self, n_classes, weight_column=None, label_vocabulary=None,
                loss_reduction=base_head.SUM_OVER_BATCH_SIZE, loss_fn=None,
@@ -55,17 +60,15 @@ class MultiClassHead(base_head.SingleHead):
   def _processed_labels(self, logits, labels):
     labels = base_head.check_dense_labels_match_logits_and_reshape(
         labels, logits, expected_labels_dimension=1)
-    if self._label_vocabulary is None:
-      if not labels.dtype.is_integer:
-        raise ValueError('Labels dtype should be integer. Instead got {}.'
-                         .format(labels.dtype))
-      label_ids = labels
-    else:
+    if self._label_vocabulary is not None:
       if labels.dtype != tf.string:
         raise ValueError('Labels dtype should be string if there is a '
                          'vocabulary. Instead got {}'.format(labels.dtype))
-      label_ids = self._class_ids_of(labels)
-    return base_head.check_label_range(label_ids, self._n_classes)
+      labels = self._class_ids_of(labels)
+    elif not labels.dtype.is_integer:
+      raise ValueError('Labels dtype should be integer. Instead got {}.'
+                       .format(labels.dtype))
+    return base_head.check_label_range(labels, self._n_classes)
 
   def _default_loss(self, labels, logits):
     return tf.compat.v1.expand_dims(
@@ -73,31 +76,13 @@ class MultiClassHead(base_head.SingleHead):
             labels=labels, logits=logits,
             reduction=tf.compat.v1.losses.Reduction.NONE), axis=-1)
 
-  def predictions(self, logits, keys=None):
-    """Predictions of `keys` (None: all): `logits`, `probabilities`,
-    `class_ids`, `classes`, `all_class_ids`, `all_classes`."""
-    keys = base_head.checked_prediction_keys(keys, [
-        _PRED.LOGITS, _PRED.PROBABILITIES, _PRED.CLASS_IDS, _PRED.CLASSES,
-        _PRED.ALL_CLASS_IDS, _PRED.ALL_CLASSES])
-    logits = base_head.check_logits_final_dim(logits, self._n_classes)
-    with tf.compat.v1.name_scope('predictions', values=(logits,)):
-      predictions = {_PRED.LOGITS: logits} if _PRED.LOGITS in keys else {}
-      predictions.update(self._class_predictions(logits, logits, keys))
-      return predictions
+  def _class_predictions(self, logits, keys):
+    return self._softmax_predictions(logits, keys)
 
-  def metrics(self, regularization_losses=None):
-    """New metrics by key: see the class doc."""
-    with tf.compat.v1.name_scope('metrics', values=(regularization_losses,)):
-      return self._metrics([tf.keras.metrics.Mean(name=_KEYS.LOSS_MEAN),
-                            tf.keras.metrics.Accuracy(name=_KEYS.ACCURACY)],
-                           regularization_losses)
+  def _own_metrics(self):
+    return [tf.keras.metrics.Accuracy(name=_KEYS.ACCURACY)]
 
-  def _update_metrics(self, eval_metrics, predictions, labels, weights,
-                      labels_as_given):
-    del labels_as_given
+  def _update_metrics(self, eval_metrics, predictions, labels, weights):
     eval_metrics[self._summary_key(_KEYS.ACCURACY)].update_state(
         y_true=labels, y_pred=predictions[_PRED.CLASS_IDS],
         sample_weight=weights)
-
-  def _export_outputs(self, predictions):
-    return self._classifier_export_outputs(predictions)

@@ -65,46 +65,41 @@ class MultiHead(base_head.Head):
     with tf.compat.v1.name_scope('split_logits', values=[logits]):
       logits = tf.convert_to_tensor(logits)
       logits_dimensions = [head.logits_dimension for head in self._heads]
-      total = sum(logits_dimensions)
       shape = logits.shape.as_list()
-      if shape[-1] is not None and shape[-1] != total:
+      if shape[-1] is not None and shape[-1] != self._logits_dimension:
         raise ValueError(
             'Could not split logits of shape %r among the heads with '
             'individual logits dimensions: %r. The last dimension of the '
             'logits tensor should equal %d but is %d.' %
-            (shape, logits_dimensions, shape[-1], total))
-      batch_shape = (tf.constant(shape[:-1]) if tf.executing_eagerly() else
-                     tf.compat.v1.shape(logits)[:-1])
-      zeros = tf.compat.v1.zeros_like(batch_shape)
-      minus_ones = -1 * tf.compat.v1.ones_like(batch_shape)
+            (shape, logits_dimensions, shape[-1], self._logits_dimension))
+      batch_rank = len(shape) - 1
       logits_dict = {}
       begin = 0
       for head in self._heads:
         logits_dict[head.name] = tf.slice(
-            logits, begin=tf.concat([zeros, [begin]], axis=0),
-            size=tf.concat([minus_ones, [head.logits_dimension]], axis=0))
+            logits, begin=[0] * batch_rank + [begin],
+            size=[-1] * batch_rank + [head.logits_dimension])
         begin += head.logits_dimension
       return logits_dict
 
   def _check_logits_and_labels(self, logits, labels=None):
     """Logits by head name; checks every head has logits (and labels)."""
-    head_names = [head.name for head in self._heads]
     if isinstance(logits, dict):
-      missing = list(set(head_names) - set(logits))
-      if missing:
-        raise ValueError(
-            'logits has missing values for head(s): {}'.format(missing))
+      self._check_every_head_in(logits, 'logits')
       logits_dict = logits
     else:
       logits_dict = self._split_logits(logits)
     if labels is not None:
       if not isinstance(labels, dict):
         raise ValueError('labels must be a dict. Given: {}'.format(labels))
-      missing = list(set(head_names) - set(labels))
-      if missing:
-        raise ValueError(
-            'labels has missing values for head(s): {}'.format(missing))
+      self._check_every_head_in(labels, 'labels')
     return logits_dict
+
+  def _check_every_head_in(self, values, what):
+    missing = list({head.name for head in self._heads} - set(values))
+    if missing:
+      raise ValueError(
+          '{} has missing values for head(s): {}'.format(what, missing))
 
   def loss(self, labels, logits, features=None, mode=None,
            regularization_losses=None):
@@ -135,11 +130,7 @@ class MultiHead(base_head.Head):
   def metrics(self, regularization_losses=None):
     """New `loss/<head name>` means (and the regularization loss's); the
     heads' own metrics are made by `update_metrics`."""
-    eval_metrics = {}
-    if regularization_losses is not None:
-      key = self._summary_key(base_head.MetricKeys.LOSS_REGULARIZATION)
-      eval_metrics[key] = tf.keras.metrics.Mean(
-          name=base_head.MetricKeys.LOSS_REGULARIZATION)
+    eval_metrics = self._regularization_metric(regularization_losses)
     with tf.compat.v1.name_scope('merge_eval'):
       for key in self._loss_keys():
         eval_metrics[key] = tf.keras.metrics.Mean(name=key)
@@ -153,10 +144,7 @@ class MultiHead(base_head.Head):
                      regularization_losses=None):
     """`eval_metrics` updated, with every head's metrics made and updated."""
     logits_dict = self._check_logits_and_labels(logits, labels)
-    if regularization_losses is not None:
-      eval_metrics[self._summary_key(
-          base_head.MetricKeys.LOSS_REGULARIZATION)].update_state(
-              values=tf.math.add_n(regularization_losses))
+    self._update_regularization_metric(eval_metrics, regularization_losses)
     for head, loss_key in zip(self._heads, self._loss_keys()):
       head_logits, head_labels = logits_dict[head.name], labels[head.name]
       eval_metrics[loss_key].update_state(values=head.loss(

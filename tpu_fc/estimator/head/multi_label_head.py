@@ -19,8 +19,10 @@ class MultiLabelHead(base_head.SingleHead):
   `[D0, ... DN, 1]`.  Metrics: `loss` (in `evaluate`), `average_loss`, `auc`,
   `auc_precision_recall`, at each of `thresholds` accuracy, precision and
   recall, and for each of `classes_for_class_based_metrics` the probability
-  mean and both AUCs (keys suffixed `/<name>` for a named head).  Export
-  outputs: `classification` (served by default), `predict`.
+  mean and both AUCs (keys suffixed `/<name>` for a named head).
+  Predictions: `logits`, `probabilities` (the sigmoids), `classes` (every
+  class, per example).  Export outputs: `classification` (served by
+  default), `predict`.
 
   Args:
     n_classes: the number of classes, > 1.
@@ -36,6 +38,7 @@ class MultiLabelHead(base_head.SingleHead):
       give their own metrics.
     name: the suffix of metric and summary keys, the ops' name scope.
   """
+  _prediction_keys = [_PRED.LOGITS, _PRED.PROBABILITIES, _PRED.CLASSES]
 
   def __init__(self, n_classes, weight_column=None, thresholds=None,
                label_vocabulary=None,
@@ -77,11 +80,11 @@ class MultiLabelHead(base_head.SingleHead):
     if self._label_vocabulary is None:
       keys = (_KEYS.PROBABILITY_MEAN_AT_CLASS, _KEYS.AUC_AT_CLASS,
               _KEYS.AUC_PR_AT_CLASS)
-      return tuple(self._summary_key(key % class_id) for key in keys)
-    keys = (_KEYS.PROBABILITY_MEAN_AT_NAME, _KEYS.AUC_AT_NAME,
-            _KEYS.AUC_PR_AT_NAME)
-    return tuple(self._summary_key(key % self._label_vocabulary[class_id])
-                 for key in keys)
+    else:
+      keys = (_KEYS.PROBABILITY_MEAN_AT_NAME, _KEYS.AUC_AT_NAME,
+              _KEYS.AUC_PR_AT_NAME)
+      class_id = self._label_vocabulary[class_id]
+    return tuple(self._summary_key(key % class_id) for key in keys)
 
   def _processed_labels(self, logits, labels):
     """Labels as a multi-hot `[D0, ... DN, n_classes]` tensor."""
@@ -89,10 +92,9 @@ class MultiLabelHead(base_head.SingleHead):
       raise ValueError(base_head._LABEL_NONE_ERR_MSG)  # pylint: disable=protected-access
     if isinstance(labels, tf.sparse.SparseTensor):
       if labels.dtype == tf.string:
-        label_ids = tf.sparse.SparseTensor(
-            indices=labels.indices, values=self._class_ids_of(labels.values),
-            dense_shape=labels.dense_shape)
-        processed_labels = tf.sparse.to_indicator(label_ids, self._n_classes)
+        processed_labels = tf.sparse.to_indicator(
+            labels.with_values(self._class_ids_of(labels.values)),
+            self._n_classes)
       else:
         if not labels.values.dtype.is_integer:
           raise ValueError('Labels dtype should be integer. Instead got {}.'
@@ -118,42 +120,32 @@ class MultiLabelHead(base_head.SingleHead):
             reduction=tf.compat.v1.losses.Reduction.NONE),
         axis=-1, keepdims=True)
 
-  def predictions(self, logits, keys=None):
-    """Predictions of `keys` (None: all): `logits`, `probabilities` (the
-    sigmoids), `classes` (every class, per example)."""
-    keys = base_head.checked_prediction_keys(
-        keys, [_PRED.LOGITS, _PRED.PROBABILITIES, _PRED.CLASSES])
-    logits = base_head.check_logits_final_dim(logits, self._n_classes)
+  def _class_predictions(self, logits, keys):
+    """`probabilities` (the sigmoids) and `classes` (every class, per
+    example)."""
     predictions = {}
-    with tf.compat.v1.name_scope('predictions', values=(logits,)):
-      if _PRED.LOGITS in keys:
-        predictions[_PRED.LOGITS] = logits
-      if _PRED.PROBABILITIES in keys:
-        predictions[_PRED.PROBABILITIES] = tf.math.sigmoid(
-            logits, name=_PRED.PROBABILITIES)
-      if _PRED.CLASSES in keys:
-        predictions[_PRED.CLASSES] = base_head.all_classes(
-            logits, self._n_classes, self._label_vocabulary)
-      return predictions
+    if _PRED.PROBABILITIES in keys:
+      predictions[_PRED.PROBABILITIES] = tf.math.sigmoid(
+          logits, name=_PRED.PROBABILITIES)
+    if _PRED.CLASSES in keys:
+      predictions[_PRED.CLASSES] = self._all_classes(logits)
+    return predictions
 
-  def metrics(self, regularization_losses=None):
-    """New metrics by key: see the class doc."""
-    metrics = tf.keras.metrics
-    with tf.compat.v1.name_scope(None, 'metrics', (regularization_losses,)):
-      eval_metrics = self._metrics([
-          metrics.Mean(name=_KEYS.LOSS_MEAN), metrics.AUC(name=_KEYS.AUC),
-          metrics.AUC(curve='PR', name=_KEYS.AUC_PR)], regularization_losses)
-      eval_metrics.update(self._threshold_metrics())
-      for class_id in self._class_ids:
-        probability_mean, auc, auc_pr = self._class_keys(class_id)
-        eval_metrics[probability_mean] = metrics.Mean(name=probability_mean)
-        eval_metrics[auc] = metrics.AUC(name=auc)
-        eval_metrics[auc_pr] = metrics.AUC(curve='PR', name=auc_pr)
-    return eval_metrics
+  def _own_metrics(self):
+    return [tf.keras.metrics.AUC(name=_KEYS.AUC),
+            tf.keras.metrics.AUC(curve='PR', name=_KEYS.AUC_PR)]
 
-  def _update_metrics(self, eval_metrics, predictions, labels, weights,
-                      labels_as_given):
-    del labels_as_given
+  def _keyed_metrics(self):
+    """The thresholds' metrics, then each class's."""
+    metrics = super()._keyed_metrics()
+    for class_id in self._class_ids:
+      probability_mean, auc, auc_pr = self._class_keys(class_id)
+      metrics[probability_mean] = tf.keras.metrics.Mean(name=probability_mean)
+      metrics[auc] = tf.keras.metrics.AUC(name=auc)
+      metrics[auc_pr] = tf.keras.metrics.AUC(curve='PR', name=auc_pr)
+    return metrics
+
+  def _update_metrics(self, eval_metrics, predictions, labels, weights):
     probabilities = predictions[_PRED.PROBABILITIES]
     for key in (_KEYS.AUC, _KEYS.AUC_PR):
       eval_metrics[self._summary_key(key)].update_state(
@@ -162,20 +154,11 @@ class MultiLabelHead(base_head.SingleHead):
                                    weights)
     for class_id in self._class_ids:
       probability_mean, auc, auc_pr = self._class_keys(class_id)
-      # The class's column, whatever the rank of the batch dimensions.
-      batch_rank = tf.rank(probabilities) - 1
-      begin = tf.concat([tf.zeros([batch_rank], dtype=tf.int32), [class_id]],
-                        axis=0)
-      size = tf.concat([-1 * tf.ones([batch_rank], dtype=tf.int32), [1]],
-                       axis=0)
-      class_probabilities = tf.slice(probabilities, begin=begin, size=size)
-      class_labels = tf.slice(labels, begin=begin, size=size)
-      base_head.update_metric_with_broadcast_weights(
-          eval_metrics[probability_mean], class_probabilities, weights)
+      class_probabilities = probabilities[..., class_id:class_id + 1]
+      class_labels = labels[..., class_id:class_id + 1]
+      eval_metrics[probability_mean].update_state(
+          values=class_probabilities, sample_weight=weights)
       for key in (auc, auc_pr):
         eval_metrics[key].update_state(
             y_true=class_labels, y_pred=class_probabilities,
             sample_weight=weights)
-
-  def _export_outputs(self, predictions):
-    return self._classifier_export_outputs(predictions)

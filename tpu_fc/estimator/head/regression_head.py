@@ -61,23 +61,16 @@ class RegressionHead(base_head.SingleHead):
                 _PRED.LOGITS: logits}
       return {_PRED.PREDICTIONS: logits}
 
-  def metrics(self, regularization_losses=None):
-    """New metrics by key: see the class doc."""
-    with tf.compat.v1.name_scope('metrics', values=(regularization_losses,)):
-      return self._metrics(
-          [tf.keras.metrics.Mean(name=key) for key in (
-              _KEYS.LOSS_MEAN, _KEYS.PREDICTION_MEAN, _KEYS.LABEL_MEAN)],
-          regularization_losses)
+  def _own_metrics(self):
+    return [tf.keras.metrics.Mean(name=_KEYS.PREDICTION_MEAN),
+            tf.keras.metrics.Mean(name=_KEYS.LABEL_MEAN)]
 
-  def _update_metrics(self, eval_metrics, predictions, labels, weights,
-                      labels_as_given):
-    """The means of the predictions and of the labels as given."""
-    del labels
+  def _update_metrics(self, eval_metrics, predictions, labels, weights):
+    """The means of the predictions and of the labels."""
     eval_metrics[self._summary_key(_KEYS.LABEL_MEAN)].update_state(
-        values=labels_as_given, sample_weight=weights)
-    base_head.update_metric_with_broadcast_weights(
-        eval_metrics[self._summary_key(_KEYS.PREDICTION_MEAN)],
-        predictions[_PRED.PREDICTIONS], weights)
+        values=labels, sample_weight=weights)
+    eval_metrics[self._summary_key(_KEYS.PREDICTION_MEAN)].update_state(
+        values=predictions[_PRED.PREDICTIONS], sample_weight=weights)
 
   def _export_outputs(self, predictions):
     return base_head.export_outputs(

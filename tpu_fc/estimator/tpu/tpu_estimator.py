@@ -6,12 +6,16 @@ the host: TRAIN and EVAL build the model_fn once per shard around the spec's
 lookup backends (`emulation`), in TF's in-graph loops (`loops`); PREDICT and
 export look up on the CPU, as TPUEstimator's default lookup device does for
 inference.  What it adds to the Estimator is in `_build_mode_graph` and the
-hooks it overrides: batch sizes and `params['context']`, the TPU's checks.
+hooks it overrides: batch sizes and `params['context']`, the TPU's checks, the
+spec's tables split over a ps cluster's tasks (`_partitioned_tables`) and
+updated through its synchronous replicas, failed input checks shown as their
+message.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import os
 from typing import Any, Callable, Mapping
@@ -23,6 +27,7 @@ from tpu_fc import columns as columns_lib
 from tpu_fc import naming
 from tpu_fc.estimator import distributed
 from tpu_fc.estimator import estimator
+from tpu_fc.estimator import input_errors
 from tpu_fc.estimator import model_fn as model_fn_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator.hooks import ExamplesPerSecondHook
@@ -35,10 +40,10 @@ from tpu_fc.estimator.tpu import tpu_config
 from tpu_fc.estimator.tpu import tpu_context
 from tpu_fc.estimator.tpu.tpu_config import check_positive_integer
 from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig
-from tpu_fc.estimator.tpu.tpu_config import parse_iterations_per_loop
 from tpu_fc.estimator.tpu.tpu_estimator_spec import HostCallHook
 from tpu_fc.estimator.tpu.tpu_estimator_spec import to_estimator_spec
 from tpu_fc.lookup import backends as lookup_backends
+from tpu_fc.lookup import inputs as lookup_inputs
 
 _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
@@ -127,6 +132,60 @@ def _rate_log_cadence(iterations, log_step_count_steps):
   return int(math.ceil(log_step_count_steps / iterations.value)), None
 
 
+@contextlib.contextmanager
+def _partitioned_tables(embedding_config_spec, num_parts):
+  """Creates the spec's tables inside as `num_parts` row-wise parts (div layout):
+  the `<table>/part_N` variables TPUEstimator created in a ps cluster, part N
+  and its optimizer slots on ps N (`distributed`'s ps strategy), so each ps
+  applies the updates of its own rows.  Checkpoints hold each table as one
+  variable saved in slices: they restore on one host.
+
+  Only the tables are split; a table the model_fn already partitions keeps its
+  partitioner.  Tables made with `get_variable` (the host engine, `input_layer`,
+  shared columns) get the partitioner through a custom getter on the root
+  variable scope, as Estimator users put one on their scope; those of Keras's
+  `DenseFeatures`, which bypasses variable scopes, through a variable creator
+  that builds them with `get_variable` instead.
+  """
+  layout = embedding_config_spec.embedding_layout()
+  by_name = {naming.engine_table(table.name): table.initializer
+             for table in layout.tables}
+  by_column = [(feature.column, layout.table(feature.table).initializer)
+               for feature in layout.features if feature.column is not None]
+  partitioner = tf.compat.v1.fixed_size_partitioner(num_parts)
+  graph = tf.compat.v1.get_default_graph()
+
+  def initializer_of(name):
+    """A table's initializer if variable `name` is one of the spec's tables,
+    else None: the host engine's (`tpu_embedding/<table>`), and those the
+    feature columns create on the CPU path, under any scope."""
+    of_columns = (initializer for column, initializer in by_column
+                  if naming.is_column_variable(name, column))
+    return by_name.get(name, next(of_columns, None))
+
+  def partitioning_getter(getter, name, *args, **kwargs):
+    if initializer_of(name) is not None and kwargs.get('partitioner') is None:
+      kwargs['partitioner'] = partitioner
+    return getter(name, *args, **kwargs)
+
+  def partitioning_creator(next_creator, **kwargs):
+    name = '/'.join(part for part in (graph.get_name_scope(),
+                                      kwargs.get('name')) if part)
+    initializer = initializer_of(name) if kwargs.get('name') else None
+    if initializer is None:
+      return next_creator(**kwargs)
+    with graph.name_scope(None):
+      return internals.default_variable_store().get_variable(
+          name, shape=kwargs['shape'], dtype=kwargs.get('dtype'),
+          initializer=initializer, trainable=kwargs.get('trainable', True),
+          partitioner=partitioner, use_resource=True)
+
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                   custom_getter=partitioning_getter), \
+      tf.compat.v1.variable_creator_scope(partitioning_creator):
+    yield
+
+
 class TPUEstimator(estimator.Estimator):
   """Legacy `tf.compat.v1.estimator.tpu.TPUEstimator`, same constructor.
 
@@ -147,6 +206,15 @@ class TPUEstimator(estimator.Estimator):
   engine trains their tables with the spec's optimizer and the TPU's update
   rules; `iterations_per_loop` steps run in one `session.run`.  Prediction
   and export look up on the CPU.
+
+  Its `config` has `log_step_count_steps` None, as TF's (its own hooks log).
+  Its `model_fn`, and every export, runs the model as TF 2.15's exports it:
+  on the CPU, `params['use_tpu']` False, no `params['batch_size']`, a
+  `TPUEstimatorSpec` turned into its `EstimatorSpec`, every embedding looked
+  up on the CPU from the trained tables, whatever the columns' training
+  lookup device.  An export with `export_to_tpu=True` adds no TPU meta graph
+  without a TPU (logged); one with both `export_to_cpu` and `export_to_tpu`
+  False raises a `ValueError`.
 
   Args:
     model_fn: `(features, labels, mode, params[, config]) ->
@@ -237,7 +305,7 @@ class TPUEstimator(estimator.Estimator):
           config.session_config or run_config.default_session_config()))
     super().__init__(model_fn, model_dir, config, params, warm_start_from)
 
-    iterations = parse_iterations_per_loop(
+    iterations = tpu_config.parse_iterations_per_loop(
         config.tpu_config.iterations_per_loop)
     self._log_every_n_steps, self._log_every_n_secs = _rate_log_cadence(
         iterations, self._log_step_count_steps)
@@ -312,6 +380,132 @@ class TPUEstimator(estimator.Estimator):
     with build_context.building(mode), replication.one_replica():
       return to_estimator_spec(self._call_model_fn(
           features, labels, mode, config, params))
+
+  # Modes ---------------------------------------------------------------------
+
+  # train, evaluate and predict: Estimator's (whose signatures they show), with
+  # TPUEstimator's docs, a failed input check of the emulated TPU shown as its
+  # message alone (`inputs.input_check`; in training also an
+  # `InMemoryEvaluatorHook`'s).
+
+  @functools.wraps(estimator.Estimator.train, assigned=(), updated=())
+  def train(self, *args, **kwargs):
+    """Trains from the latest checkpoint in model_dir (or from scratch).
+
+    `steps` more steps, up to global step `max_steps`, or until input ends.
+    On a ps task of a cluster, serves variables instead, until stopped (where
+    TF raised, so that one script can run on every task); on an evaluator
+    task, raises as TF did (`train_and_evaluate` evaluates there).
+
+    Without a checkpoint, warm-starts from `warm_start_from` if given.  One
+    run trains a (local) model_dir at a time: a second fails at once instead
+    of overwriting the first's checkpoints.  A failed step loses no
+    checkpoint.
+    Bad input fails the step with an error naming the feature
+    (`docs/bad_input.md`).
+
+    Args:
+      input_fn: `(params[, mode, config, input_context]) -> Dataset` of
+        `(features, labels)` (or `features, labels` tensors); it must take
+        `params` (`params['batch_size']`, and on the emulated TPU
+        `params['context']`).
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this training.
+      steps: how many steps to train this call (a positive int); None: until
+        `max_steps` or the input's end.
+      max_steps: the global step to stop at (a positive int); training that
+        already reached it returns at once.  Not with `steps`.
+      saving_listeners: `tf.compat.v1.train.CheckpointSaverListener`s called
+        around each checkpoint save (need a checkpoint interval).
+
+    Returns:
+      This estimator.
+
+    Raises:
+      ValueError: on an evaluator task; both `steps` and `max_steps`, or one
+        <= 0; listeners without checkpoint saving; the model_fn's or
+        input_fn's arguments (they must take `params`; labels given to a
+        model_fn without `labels`); a spec the mode cannot run; on the
+        emulated TPU, a batch not divisible by the cores or a feature of
+        unknown static shape.
+      TypeError: a hook or listener of another type.
+      RuntimeError: another run is training this model_dir.
+      PermissionError: `model_dir` is not writable.
+    """
+    with input_errors.explained(lookup_inputs.failed_check):
+      return super().train(*args, **kwargs)
+
+  @functools.wraps(estimator.Estimator.evaluate, assigned=(), updated=())
+  def evaluate(self, *args, **kwargs):
+    """Evaluates `steps` batches (None: until input ends) of a checkpoint.
+
+    Returns the metrics dict with `loss` and `global_step`; summaries go to
+    `eval_dir(name)`.
+
+    The checkpoint is held while it is read, so a trainer's
+    `keep_checkpoint_max` cannot delete it meanwhile.  Without a checkpoint,
+    the model is evaluated as initialized (logged).  On the emulated TPU
+    (`use_tpu=True`, `eval_on_tpu=True`) it runs all `steps` in one
+    `session.run`, metrics over all shards, with no table update.
+
+    Args:
+      input_fn: as in `train`.
+      steps: batches to evaluate (a positive int); None: until the input
+        ends.  The emulated TPU needs it.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this evaluation.
+      checkpoint_path: the checkpoint to evaluate; None: the latest.
+      name: the evaluation's name, for evaluations on several data sets
+        (summaries in `eval_dir(name)`); None: the default.
+
+    Returns:
+      Metric name -> value: the `eval_metric_ops` (or the `metric_fn`'s)
+      metrics, `loss` (its mean over the batches) and `global_step`.
+
+    Raises:
+      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
+        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
+        checks of the model_fn and input_fn.
+      TypeError: a hook of another type; on the emulated TPU, `steps` not an
+        int.
+      RuntimeError: on the emulated TPU, a model_fn returning an
+        `EstimatorSpec` (evaluation there needs a `TPUEstimatorSpec`).
+      PermissionError: `eval_dir(name)` is not writable.
+    """
+    with input_errors.explained(lookup_inputs.failed_check):
+      return super().evaluate(*args, **kwargs)
+
+  @functools.wraps(estimator.Estimator.predict, assigned=(), updated=())
+  def predict(self, *args, **kwargs):
+    """Yields predictions (dicts, or the tensor's values) until input ends.
+
+    A generator: it builds, restores and raises when first iterated.  With
+    `use_tpu=True` it looks up on the CPU, as TF's default lookup device does
+    for inference, runs the model_fn once per input batch (under
+    `PER_HOST_V2` a core's) and pads a short last batch, dropping the
+    padding's predictions.
+
+    Args:
+      input_fn: as in `train`; labels it returns are ignored.
+      predict_keys: the keys of a predictions dict to compute; None: all.
+      hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
+      checkpoint_path: the checkpoint to predict with; None: the latest (none:
+        the model as initialized, logged).
+      yield_single_examples: True: one example at a time (each tensor split
+        along its first dimension); False: whole batches.
+
+    Yields:
+      Per example (or batch): a dict of the predictions' values, or the value
+      of a single predictions tensor.
+
+    Raises:
+      ValueError: `predict_keys` with non-dict predictions or naming none of
+        them, predictions of different batch sizes (single examples),
+        `checkpoint_path` not a checkpoint, and `train`'s checks of the
+        model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
+        or one not divisible by the cores.
+      TypeError: a hook of another type.
+    """
+    with input_errors.explained(lookup_inputs.failed_check):
+      yield from super().predict(*args, **kwargs)
 
   # Training ------------------------------------------------------------------
 
@@ -414,18 +608,18 @@ class TPUEstimator(estimator.Estimator):
   def _cluster_training(self, mode):
     """Estimator's, with the tables split over the ps tasks."""
     spec = self._embedding_config_spec
-    partitioned = (mode == ModeKeys.TRAIN and
+    partitioned = (spec is not None and mode == ModeKeys.TRAIN and
                    distributed.is_parameter_server_cluster(self._config))
-    with (distributed.partitioned_tables(spec, self._config.num_ps_replicas)
-          if partitioned else contextlib.nullcontext()):
-      if (partitioned and self._config.sync_replicas and spec is not None and
-          spec.pipeline_execution_with_tensor_core):
-        raise ValueError(
-            'RunConfig(sync_replicas=True) does not support '
-            'pipeline_execution_with_tensor_core=True: its parked table updates '
-            'cannot be aggregated across workers.')
-      with super()._cluster_training(mode) as sync:
-        yield sync
+    if (partitioned and self._config.sync_replicas and
+        spec.pipeline_execution_with_tensor_core):
+      raise ValueError(
+          'RunConfig(sync_replicas=True) does not support '
+          'pipeline_execution_with_tensor_core=True: its parked table updates '
+          'cannot be aggregated across workers.')
+    with (_partitioned_tables(spec, self._config.num_ps_replicas)
+          if partitioned else contextlib.nullcontext()), \
+        super()._cluster_training(mode) as sync:
+      yield sync
 
   def _build_model(self, features, labels, mode, sync=None, loop_body=None):
     """Builds the model for `mode`; returns its `BuiltGraph`.

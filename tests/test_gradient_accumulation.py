@@ -17,6 +17,7 @@ the other setting's numbers.
 import numpy as np
 import pytest
 
+from harness import models
 from harness import oracle
 import tpu_fc
 from tpu_fc import reference
@@ -109,16 +110,11 @@ def train_one_step(model_dir, optimizer, num_shards):
                 'g': tf.constant(example_gradients, shape=[len(examples), 1])}
     return tf.data.Dataset.from_tensors((features, features['g'])).repeat()
 
-  def model_fn(features, labels, mode, params):
-    del labels, params
-    activation = tf.compat.v1.keras.layers.DenseFeatures([column])(features)
-    loss = tf.reduce_sum(activation * features['g'])
-    train_op = tf.compat.v1.train.GradientDescentOptimizer(0.0).minimize(
-        loss, tf.compat.v1.train.get_global_step())
-    return tpu_fc.TPUEstimatorSpec(mode, loss=loss, train_op=train_op)
-
   estimator = tpu_fc.TPUEstimator(
-      model_fn=model_fn, train_batch_size=len(examples),
+      model_fn=models.embedding_model_fn(
+          [column], lambda activation, features, labels: tf.reduce_sum(
+              activation * features['g']), rate=0.0, cross_shard=False),
+      train_batch_size=len(examples),
       config=tpu_fc.RunConfig(
           model_dir=str(model_dir),
           tpu_config=tpu_fc.TPUConfig(num_shards=num_shards)),
