@@ -79,9 +79,12 @@ SECTIONS = (
         ('tpu_fc.export.ServingInputReceiver', ()),
         ('tpu_fc.export.TensorServingInputReceiver', ()),
         ('tpu_fc.export.SupervisedInputReceiver', ()),
+        ('tpu_fc.export.UnsupervisedInputReceiver', ()),
         ('tpu_fc.export.build_parsing_serving_input_receiver_fn', ()),
         ('tpu_fc.export.build_raw_serving_input_receiver_fn', ()),
-        ('tpu_fc.export.build_raw_supervised_input_receiver_fn', ()))),
+        ('tpu_fc.export.build_raw_supervised_input_receiver_fn', ()),
+        ('tpu_fc.export.build_supervised_input_receiver_fn_from_input_fn',
+         ()))),
     ('tpu_fc.checkpoint_conversion', 'tpu_fc.checkpoint_conversion', (
         ('tpu_fc.checkpoint_conversion.to_mid_level_checkpoint', ()),
         ('tpu_fc.checkpoint_conversion.to_legacy_checkpoint', ()),

@@ -202,10 +202,11 @@ def _tf_2_15_twins():
     twins[getattr(tpu_fc.mid_level.TPUEmbedding, name)] = getattr(
         tf.tpu.experimental.embedding.TPUEmbedding, name)
   for name in ('ServingInputReceiver', 'TensorServingInputReceiver',
-               'SupervisedInputReceiver',
+               'SupervisedInputReceiver', 'UnsupervisedInputReceiver',
                'build_parsing_serving_input_receiver_fn',
                'build_raw_serving_input_receiver_fn',
-               'build_raw_supervised_input_receiver_fn'):
+               'build_raw_supervised_input_receiver_fn',
+               'build_supervised_input_receiver_fn_from_input_fn'):
     twins[getattr(tpu_fc.export, name)] = getattr(export, name)
   return twins
 

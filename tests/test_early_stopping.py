@@ -156,19 +156,29 @@ def test_a_metric_the_evaluations_lack_is_named(tmp_path):
     steps_until_stopped(hook)
 
 
-def test_workers_stop_when_the_chief_has(tmp_path, monkeypatch):
-  """A worker's hook reads the stop variable the chief's hook sets."""
+@pytest.mark.parametrize('name', lanes.DRIVERS)
+def test_workers_stop_when_the_chief_has(name, tmp_path, monkeypatch):
+  """A worker's hook reads the stop variable the chief's hook sets, under
+  TF's names (`_get_or_create_stop_var`, the hooks' `_stop_var`: TF's tests
+  read them)."""
   monkeypatch.setenv('TF_CONFIG', json.dumps(dict(
       cluster=dict(chief=['localhost:1'], worker=['localhost:2']),
       task=dict(type='worker', index=0))))
-  estimator = estimators.early_stopping_estimator(tpu_fc, tmp_path, False)
+  module = lanes.core_module(name, 'early_stopping')
+  if name == 'tpu_fc':
+    estimator = estimators.early_stopping_estimator(tpu_fc, tmp_path, False)
+  else:
+    estimator = tf.compat.v1.estimator.Estimator(models.distance_model_fn(),
+                                                 model_dir=str(tmp_path))
   assert not estimator.config.is_chief
-  worker_hook = early_stopping.make_early_stopping_hook(estimator, lambda: True)
+  worker_hook = module.make_early_stopping_hook(estimator, lambda: True)
   with tf.Graph().as_default():
     step = tf.compat.v1.train.get_or_create_global_step()
     train_op = tf.compat.v1.assign_add(step, 1)
-    chief_stops = tf.compat.v1.assign(early_stopping._stop_variable(), True)
+    stop = module._get_or_create_stop_var()  # pylint: disable=protected-access
+    chief_stops = tf.compat.v1.assign(stop, True)
     with tf.compat.v1.train.MonitoredSession(hooks=[worker_hook]) as session:
+      assert worker_hook._stop_var is stop  # pylint: disable=protected-access
       session.run(train_op)
       assert not session.should_stop()  # the chief has not asked
       session.run(chief_stops)

@@ -1078,6 +1078,10 @@ def _receiver_cases():
        lambda: ({'f': t()}, convertible(), {'x': t()})),
       ('non_tensor_receiver', 'ServingInputReceiver',
        lambda: ({'f': t()}, {'x': 'serialized'})),
+      ('unsupervised', 'UnsupervisedInputReceiver',
+       lambda: ({'f': t(), 3: sp()}, t())),
+      ('unsupervised_no_features', 'UnsupervisedInputReceiver',
+       lambda: (None, {'x': t()})),
       ('bare_tensors', 'ServingInputReceiver', lambda: (t(), t())),
       ('sparse_and_ragged', 'ServingInputReceiver',
        lambda: ({'s': sp(), 'r': ragged()}, {'s': sp()})),
@@ -1118,6 +1122,7 @@ TF215_RECEIVER_ERRORS = {
     'non_tensor_receiver':
         'receiver_tensor x must be a Tensor, SparseTensor, or RaggedTensor.',
     'no_features': 'features must be defined.',
+    'unsupervised_no_features': 'features must be defined.',
     'no_receivers': 'receiver_tensors must be defined.',
     'alternatives_bad_key':
         'receiver_tensors_alternative keys must be strings: 2.',
@@ -1178,6 +1183,18 @@ def test_receivers_match_tensorflow_estimator(label, name, make_args):
   assert _receiver_outcome(tpu_fc.export, name, make_args) == expected_outcome
 
 
+def test_each_modes_saved_model_tags_under_tf_export_libs_name():
+  """`EXPORT_TAG_MAP` (TF's export_lib's, which its tests read): the tags
+  an export gives each mode's meta graph."""
+  modules = [tpu_fc.export]
+  if lanes.LEGACY:
+    from tensorflow_estimator.python.estimator.export import export_lib  # pylint: disable=g-import-not-at-top
+    modules.append(export_lib)
+  for module in modules:
+    assert [module.EXPORT_TAG_MAP[mode] for mode in ('train', 'eval', 'infer')
+           ] == [['train'], ['eval'], ['serve']]
+
+
 def test_single_tensors_are_wrapped_under_tf_default_names():
   with tf.Graph().as_default():
     t = tf.compat.v1.placeholder(tf.float32, [None])
@@ -1220,6 +1237,45 @@ def test_raw_receiver_fn_placeholders():
     assert dense.shape.as_list() == [3, 2] and dense.dtype == tf.float32
     ids = receiver.features['ids']
     assert isinstance(ids, tf.SparseTensor) and ids.dtype == tf.int64
+
+
+def _int_pair(key='x'):
+  """An input_fn's (features, labels) of two examples."""
+  return ({key: tf.constant([[1], [1]]), 'y': tf.constant(['a', 'b'])},
+          tf.constant([[1.0], [1.0]]))
+
+
+@pytest.mark.parametrize('input_fn,args,want', [
+    (_int_pair, {}, ({'x': ('int32', [None, 1]), 'y': ('string', [None])},
+                     ('float32', [None, 1]), ['label', 'x', 'y'])),
+    (_int_pair, {'key': 'z'}, (
+        {'z': ('int32', [None, 1]), 'y': ('string', [None])},
+        ('float32', [None, 1]), ['label', 'y', 'z'])),
+    (lambda: tf.data.Dataset.from_tensors(
+        ({'x': tf.constant([[1.0, 2.0]])}, {'l': tf.constant([2])})), {}, (
+            {'x': ('float32', [None, 2])}, {'l': ('int32', [None])},
+            ['l', 'x'])),
+], ids=['pair', 'pair_with_args', 'dataset_of_dicts'])
+def test_supervised_receiver_fn_from_an_input_fn(input_fn, args, want):
+  """Placeholders like the features and labels the input_fn (called with
+  `args`) gives, the batch left open; a single label fed as `label`."""
+  modules = [tpu_fc.export]
+  if lanes.LEGACY:
+    from tensorflow_estimator.python.estimator.export import export as tfe_export  # pylint: disable=g-import-not-at-top
+    modules.append(tfe_export)
+
+  def described(value):
+    if isinstance(value, dict):
+      return {key: described(tensor) for key, tensor in value.items()}
+    return value.dtype.name, value.shape.as_list()
+
+  for module in modules:
+    receiver_fn = module.build_supervised_input_receiver_fn_from_input_fn(
+        input_fn, **args)
+    with tf.Graph().as_default():
+      receiver = receiver_fn()
+      assert (described(receiver.features), described(receiver.labels),
+              sorted(receiver.receiver_tensors)) == want, module.__name__
 
 
 RAW_DENSE_CASES = [

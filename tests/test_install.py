@@ -60,6 +60,7 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
   from tpu_fc.estimator import estimator as estimator_lib  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import model_fn  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import run_config  # pylint: disable=g-import-not-at-top
   legacy = lanes.LEGACY
   for estimator_namespace in (tf.compat.v1.estimator, tf.estimator):
@@ -86,7 +87,8 @@ def test_install_binds_train_and_evaluate_names_where_tf_has_none(installed):
         'make_stop_at_checkpoint_step_hook': (
             hooks.make_stop_at_checkpoint_step_hook),
         'build_raw_supervised_input_receiver_fn': (
-            tpu_fc.export.build_raw_supervised_input_receiver_fn)}
+            tpu_fc.export.build_raw_supervised_input_receiver_fn),
+        'call_logit_fn': model_fn.call_logit_fn}
     for name, value in experimental.items():
       bound = getattr(estimator_namespace.experimental, name)
       assert (bound.__module__.startswith('tensorflow_estimator.') if legacy

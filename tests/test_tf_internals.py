@@ -63,11 +63,14 @@ def test_overridden_private_methods_exist(cls, method):
   assert callable(getattr(cls, method))
 
 
-def test_the_classes_train_and_evaluate_reads_where_tf_reads_them_are_tfs():
-  """It reads them from their modules when it runs, as TF's training does."""
+def test_the_names_read_where_tf_reads_them_are_tfs():
+  """train_and_evaluate and Estimator's training read them from their modules
+  when they run, as TF's training and Estimator do."""
   assert internals.server_lib.Server is tf.distribute.Server
   assert (internals.basic_session_run_hooks.SecondOrStepTimer is
           tf.compat.v1.train.SecondOrStepTimer)
+  assert (internals.training.MonitoredTrainingSession is
+          tf.compat.v1.train.MonitoredTrainingSession)
 
 
 # The TF attributes tpu_fc replaces while building a graph (`replaced`).

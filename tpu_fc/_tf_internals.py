@@ -38,6 +38,7 @@ from tensorflow.python.training import basic_session_run_hooks
 from tensorflow.python.training import evaluation
 from tensorflow.python.training import optimizer as optimizer_lib
 from tensorflow.python.training import server_lib
+from tensorflow.python.training import training
 from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object_util
 from tensorflow.python.util import function_utils
@@ -67,8 +68,10 @@ summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
 # `server_lib.Server` and `basic_session_run_hooks.SecondOrStepTimer` (the
 # modules imported above; `tf.distribute.Server`,
 # `tf.compat.v1.train.SecondOrStepTimer`): train_and_evaluate reads them when
-# it runs, where TF's training reads them, so replacing one there (TF's own
-# tests patch them) reaches tpu_fc's too.
+# it runs, where TF's training reads them, and so does Estimator's training
+# `training.MonitoredTrainingSession` (`tf.compat.v1.train.
+# MonitoredTrainingSession`), where TF's Estimator reads it: replacing one
+# there (TF's own tests patch them) reaches tpu_fc's too.
 # The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
 Optimizer = optimizer_lib.Optimizer
 

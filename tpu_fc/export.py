@@ -22,6 +22,9 @@ EvalOutput = internals.EvalOutput
 ExportOutput = internals.ExportOutput
 PredictOutput = internals.PredictOutput
 RegressionOutput = internals.RegressionOutput
+# Each mode's SavedModel tags (TF core's map; TF's export_lib, which its tests
+# read it from, has it too).
+EXPORT_TAG_MAP = internals.EXPORT_TAG_MAP
 
 _SINGLE_FEATURE = internals.SINGLE_FEATURE_DEFAULT_NAME
 _SINGLE_LABEL = internals.SINGLE_LABEL_DEFAULT_NAME
@@ -144,6 +147,18 @@ class TensorServingInputReceiver(collections.namedtuple(
         cls, features=receiver.features[_SINGLE_FEATURE],
         receiver_tensors=receiver.receiver_tensors,
         receiver_tensors_alternatives=receiver.receiver_tensors_alternatives)
+
+
+class UnsupervisedInputReceiver(ServingInputReceiver):
+  """What a TRAIN or EVAL input_receiver_fn without labels returns (TF's
+  export module's): a `ServingInputReceiver` without alternatives.
+
+  Args:
+    features, receiver_tensors: as in `ServingInputReceiver`.
+  """
+
+  def __new__(cls, features: Any, receiver_tensors: Any):
+    return super().__new__(cls, features, receiver_tensors)
 
 
 class SupervisedInputReceiver(collections.namedtuple(
@@ -284,3 +299,32 @@ def build_raw_supervised_input_receiver_fn(
         {**feature_receivers, **label_receivers})
 
   return supervised_input_receiver_fn
+
+
+def build_supervised_input_receiver_fn_from_input_fn(
+    input_fn: Callable[..., Any], **input_fn_args: Any
+) -> Callable[[], SupervisedInputReceiver]:
+  """`build_raw_supervised_input_receiver_fn` of the features and labels
+  `input_fn(**input_fn_args)` gives (TF's export module's).
+
+  Args:
+    input_fn: an Estimator input_fn returning (features, labels) or a Dataset
+      of them; called now, in a graph of its own, for their dtypes and shapes.
+    **input_fn_args: its arguments.
+
+  Returns:
+    An input_receiver_fn returning a `SupervisedInputReceiver`, for
+    `experimental_export_all_saved_models`.
+
+  Raises:
+    ValueError: the input_fn gave no (features, labels) pair.
+  """
+  with tf.Graph().as_default():
+    result = input_fn(**input_fn_args)
+    if isinstance(result, tf.data.Dataset):
+      result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+      raise ValueError(
+          'input_fn should return (features, labels) as a len 2 tuple.')
+    features, labels = result
+  return build_raw_supervised_input_receiver_fn(features, labels)

@@ -15,12 +15,12 @@ Names a script needs around a `TPUEstimator` (`TrainSpec`, `EvalSpec`, the expor
 `Estimator`, `RunConfig` and `EstimatorSpec` (the core ones, under `TPUEstimator`),
 `WarmStartSettings`, `VocabInfo`, the session-run hooks,
 `experimental.InMemoryEvaluatorHook`, `experimental.make_stop_at_checkpoint_step_hook`,
-`experimental.build_raw_supervised_input_receiver_fn`, `tf.compat.v1.estimator.inputs`'s
-`numpy_input_fn` and `pandas_input_fn`) are tpu_fc's only where that namespace lacks
-them (TF 2.15's own work with tpu_fc's estimators); `train_and_evaluate`, `add_metrics`
-and the early-stopping hooks (`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's
-for tpu_fc's estimators and the replaced namespace's for any other.  `uninstall()`
-restores everything.
+`experimental.build_raw_supervised_input_receiver_fn`, `experimental.call_logit_fn`,
+`tf.compat.v1.estimator.inputs`'s `numpy_input_fn` and `pandas_input_fn`) are tpu_fc's
+only where that namespace lacks them (TF 2.15's own work with tpu_fc's estimators);
+`train_and_evaluate`, `add_metrics` and the early-stopping hooks
+(`tf.estimator.experimental.stop_if_*_hook`) are tpu_fc's for tpu_fc's estimators and
+the replaced namespace's for any other.  `uninstall()` restores everything.
 
 `python -m tpu_fc run SCRIPT.py [ARGS...]` runs a legacy script with the names
 bound (and binds them in its multiprocessing children started by spawn or
@@ -146,6 +146,7 @@ def _estimator_namespace(name, original, v1):
   from tpu_fc.estimator import extenders  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import hooks  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import inputs  # pylint: disable=g-import-not-at-top
+  from tpu_fc.estimator import model_fn as model_fn_lib  # pylint: disable=g-import-not-at-top
   from tpu_fc.estimator import run_config  # pylint: disable=g-import-not-at-top
   original_getter = _module_getter(original) if original is not None else None
   tpu_getter = _attribute_getter(original_getter, 'tpu')
@@ -174,7 +175,8 @@ def _estimator_namespace(name, original, v1):
           make_stop_at_checkpoint_step_hook=(
               hooks.make_stop_at_checkpoint_step_hook),
           build_raw_supervised_input_receiver_fn=(
-              export_lib.build_raw_supervised_input_receiver_fn))),
+              export_lib.build_raw_supervised_input_receiver_fn),
+          call_logit_fn=model_fn_lib.call_logit_fn)),
       train_and_evaluate=_for_tpu_fc_estimators(
           estimator.train_and_evaluate, original_getter),
       add_metrics=_for_tpu_fc_estimators(extenders.add_metrics,

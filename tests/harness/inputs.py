@@ -46,6 +46,17 @@ def contract_input_fn(kind):
 
 
 
+# The core Estimator's input: one batch of 2 examples, x = [1, 1], label 1.
+ONES = np.ones([2, 2], np.float32)
+
+
+def ones_x():
+  """`ONES` as features['x'] and its first column as the label: a Dataset of
+  one batch (a core Estimator's input_fn, without params)."""
+  return tf.data.Dataset.from_tensor_slices(
+      ({'x': ONES}, ONES[:, :1])).batch(2)
+
+
 def contract_tensors(params):
   """The contract batch (sparse ids) as tensors, not a Dataset: one step per
   session.run."""

@@ -6,6 +6,7 @@ test that runs them carries `@pytest.mark.legacy_only` (tests/conftest.py
 skips it on the latest lane); a test of tpu_fc on every lane that also
 compares with TF where it can reads `LEGACY`.
 """
+import importlib
 import types
 
 import tpu_fc
@@ -78,3 +79,12 @@ def core_driver(name):
       stop_if_no_decrease_hook=(
           tf.estimator.experimental.stop_if_no_decrease_hook),
       TPUEstimator=tpu.TPUEstimator, TPURunConfig=tpu.RunConfig)
+
+
+def core_module(name, role):
+  """The core Estimator's module of `role` ('estimator', 'model_fn',
+  'early_stopping', ...): tpu_fc's ('tpu_fc') or tensorflow_estimator's
+  ('tf', legacy lane), named alike where TF's own tests read them."""
+  return importlib.import_module(
+      {'tpu_fc': 'tpu_fc.estimator.',
+       'tf': 'tensorflow_estimator.python.estimator.'}[name] + role)

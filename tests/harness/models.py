@@ -265,6 +265,25 @@ def dense_x_model_fn(driver=tpu_fc, cross_shard=True):
   return model_fn
 
 
+def core_model_fn(driver, record_config=None):
+  """One dense unit, squared error, gradient descent: `driver`'s
+  EstimatorSpec (a core Estimator's model_fn); `record_config` gets the
+  config the model_fn receives."""
+
+  def model_fn(features, labels, mode, config):
+    if record_config is not None:
+      record_config(config)
+    logits = tf.compat.v1.layers.dense(features['x'], 1)
+    if mode == 'infer':
+      return driver.EstimatorSpec(mode, predictions={'logit': logits})
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    return driver.EstimatorSpec(
+        mode, loss=loss, train_op=tf.compat.v1.train.GradientDescentOptimizer(
+            0.1).minimize(loss, tf.compat.v1.train.get_global_step()))
+
+  return model_fn
+
+
 def mean_logit(labels, logits):
   del labels
   return {'mean_logit': tf.compat.v1.metrics.mean(logits)}

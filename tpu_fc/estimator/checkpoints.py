@@ -7,8 +7,9 @@ checkpoint of one mode restores into the other, the Saver restores everything th
 checkpoint has and starts the *optimizer state* it lacks from its initial values,
 with a warning.  Any other missing variable (a table, a dense weight) is TF's
 `NotFoundError`, naming every one (and any that changed shape); a variable whose
-shape differs from the checkpoint's (a changed vocabulary size or dimension) and a
-checkpoint that cannot be read are errors that name them too.
+shape differs from the checkpoint's (a changed vocabulary size or dimension) is TF's
+`InvalidArgumentError` (and a `ValueError`: `CheckpointShapeError`) naming them, and
+a checkpoint that cannot be read is an error that names it.
 
 With `CheckpointInputPipelineHook`, each checkpoint also holds the training input's
 position (its iterator state), written by the same save as the weights, so a restart
@@ -245,15 +246,26 @@ def _changed_shapes(shapes, var_list):
       if name in shapes and model is not None and model != shapes[name])
 
 
+class CheckpointShapeError(tf.errors.InvalidArgumentError, ValueError):
+  """Variables of the model differ in shape from the checkpoint's: TF's error
+  of that restore (a script catching it catches this), and a ValueError."""
+
+  def __init__(self, message):
+    super().__init__(None, None, message)
+
+
 def _check_shapes(checkpoint_path, shapes, var_list):
   """Raises, naming them, if variables differ in shape from the checkpoint's."""
   changed = _changed_shapes(shapes, var_list)
   if changed:
-    raise ValueError(
-        'Checkpoint {} does not fit this model: {} changed shape. A changed '
-        'vocabulary size or embedding dimension cannot restore the old table; '
-        'restore it into the model that wrote it, or start from a new '
-        'model_dir.'.format(original_path(checkpoint_path), ', '.join(changed)))
+    raise CheckpointShapeError(
+        'Restoring from checkpoint failed. This is most likely due to a '
+        'mismatch between the current graph and the graph from the '
+        'checkpoint: checkpoint {} does not fit this model: {} changed shape. '
+        'A changed vocabulary size or embedding dimension cannot restore the '
+        'old table; restore it into the model that wrote it, or start from a '
+        'new model_dir.'.format(original_path(checkpoint_path),
+                                ', '.join(changed)))
 
 
 def _reason(error):

@@ -87,6 +87,28 @@ def wait_for_chief(config, poll_secs=0.5):
       time.sleep(poll_secs)
 
 
+class TaskSessionHook(tf.compat.v1.train.SessionRunHook):
+  """Readies a cluster task's session in its `begin`, before the session is
+  created: starts the task's server (`server`), which the session runs
+  through, and, for a worker's training, waits for the chief
+  (`wait_for_chief`; last among the hooks, after their `begin` added any
+  variables).
+
+  TF's Estimator connects to the cluster only in the session it creates
+  (`training.MonitoredTrainingSession`, ...); so does tpu_fc's: whatever
+  creates the session decides whether the cluster is reached.
+  """
+
+  def __init__(self, config, waits_for_chief):
+    self._config = config
+    self._waits_for_chief = waits_for_chief
+
+  def begin(self):
+    server(self._config)
+    if self._waits_for_chief:
+      wait_for_chief(self._config)
+
+
 class _PartsOnTheirPs:
   """ps strategy: part N of a partitioned variable on ps N, others round robin.
 

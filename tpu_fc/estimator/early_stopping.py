@@ -169,8 +169,9 @@ def _no_improvement_hook(estimator, metric_name, max_steps_without_improvement,
                                   run_every_steps)
 
 
-def _stop_variable():
-  """The graph's `signal_early_stopping/STOP` (False until the chief stops)."""
+def _get_or_create_stop_var():
+  """The graph's `signal_early_stopping/STOP` (False until the chief stops);
+  TF's name of it, and the hooks' `_stop_var`, which TF's tests read."""
   with tf.compat.v1.variable_scope('signal_early_stopping', values=[],
                                    reuse=tf.compat.v1.AUTO_REUSE):
     return tf.compat.v1.get_variable(
@@ -189,11 +190,13 @@ class _StopOnPredicateHook(tf.compat.v1.train.SessionRunHook):
     self._timer = tf.compat.v1.train.SecondOrStepTimer(
         every_secs=run_every_secs, every_steps=run_every_steps)
     self._global_step = None
+    self._stop_var = None
     self._stop = None
 
   def begin(self):
     self._global_step = tf.compat.v1.train.get_global_step()
-    self._stop = tf.compat.v1.assign(_stop_variable(), True)
+    self._stop_var = _get_or_create_stop_var()
+    self._stop = tf.compat.v1.assign(self._stop_var, True)
 
   def before_run(self, run_context):
     del run_context
@@ -215,14 +218,14 @@ class _CheckForStoppingHook(tf.compat.v1.train.SessionRunHook):
   """A non-chief worker's: stops once the chief has set the stop variable."""
 
   def __init__(self):
-    self._stop_variable = None
+    self._stop_var = None
 
   def begin(self):
-    self._stop_variable = _stop_variable()
+    self._stop_var = _get_or_create_stop_var()
 
   def before_run(self, run_context):
     del run_context
-    return tf.compat.v1.train.SessionRunArgs(self._stop_variable)
+    return tf.compat.v1.train.SessionRunArgs(self._stop_var)
 
   def after_run(self, run_context, run_values):
     if run_values.results:

@@ -20,6 +20,7 @@ import threading
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
+from google.protobuf import message
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
@@ -31,6 +32,8 @@ from tpu_fc.estimator import model_fn as model_fn_lib
 from tpu_fc.estimator import run_config
 from tpu_fc.estimator import saved_model
 from tpu_fc.estimator import sessions
+from tpu_fc.estimator.checkpoints import (  # (TF's Estimator's name of it)
+    latest_global_step as _load_global_step_from_checkpoint_dir)
 from tpu_fc.estimator.hooks import CheckpointInputPipelineHook
 from tpu_fc.estimator.hooks import EvaluationStepsHook
 from tpu_fc.estimator.model_fn import ModeKeys
@@ -253,6 +256,12 @@ class Estimator(object):
     return copy.deepcopy(self._config)
 
   @property
+  def _session_config(self):
+    """The config every session runs with, under TF's Estimator's name of it
+    (which subclasses and TF's tests read)."""
+    return self._config.session_config
+
+  @property
   def params(self) -> Any:
     """A copy of the `params` given (without what the estimator adds)."""
     return copy.deepcopy(self._params)
@@ -387,7 +396,8 @@ class Estimator(object):
             lambda features, labels, mode: self._model_fn_as_exported(
                 features, labels, mode, self.config),
             export_dir_base, input_receiver_fn_map, checkpoint, assets_extra,
-            as_text, self._config.tf_random_seed, self._checkpoint_alias))
+            as_text, self._config.tf_random_seed, self._checkpoint_alias,
+            self._session_config))
 
   def export_savedmodel(self,
                         export_dir_base,
@@ -514,13 +524,12 @@ class Estimator(object):
               self.config))
     if self._config.task_type == 'ps':
       distributed.join(self._config)
-    self._start_cluster_server()
     if steps is not None and max_steps is not None:
       raise ValueError('Can not provide both steps and max_steps.')
     check_positive(steps, 'steps')
     check_positive(max_steps, 'max_steps')
     if (max_steps is not None and
-        max_steps <= checkpoints.latest_global_step(self._model_dir)):
+        max_steps <= _load_global_step_from_checkpoint_dir(self._model_dir)):
       tf.compat.v1.logging.info(
           'Skipping training since max_steps has already saved.')
       return self
@@ -551,13 +560,11 @@ class Estimator(object):
           input_fn, ModeKeys.TRAIN, self.latest_checkpoint(),
           position_hooks[0] if position_hooks else None)
       built = built._replace(spec=self._with_progress_logging(built))
-      if (distributed.is_parameter_server_cluster(self._config) and
-          not self._config.is_chief):
-        distributed.wait_for_chief(self._config)
       return sessions.train(
           built, input_hooks + hooks + self._stop_hooks(built, steps,
                                                         max_steps),
-          saving_listeners, self._config, saves_input_position)
+          saving_listeners, self._config, saves_input_position,
+          self._task_session_hooks(training=True))
 
   def _stop_hooks(self, built, steps, max_steps):
     """The hooks that end training at `steps` / `max_steps`."""
@@ -609,8 +616,8 @@ class Estimator(object):
       PermissionError: `eval_dir(name)` is not writable.
     """
     hooks = hooks_lib.check_hooks_type(hooks)
-    self._start_cluster_server()
     hooks.extend(self._convert_eval_steps_to_hooks(steps))
+    hooks.extend(self._task_session_hooks())
     _check_writable(self.eval_dir(name), 'eval_dir', 'evaluation summary')
 
     def evaluate_checkpoint(checkpoint):
@@ -618,8 +625,10 @@ class Estimator(object):
       with tf.Graph().as_default():
         built, input_hooks, _ = self._build_graph(
             input_fn, ModeKeys.EVAL, checkpoint, eval_steps=steps)
-        return sessions.evaluate(built, input_hooks + hooks, checkpoint,
-                                 self._config, self.eval_dir(name))
+        return _write_evaluation(
+            self.eval_dir(name), checkpoint,
+            sessions.evaluate(built, input_hooks + hooks, checkpoint,
+                              self._config))
 
     return self._reading_checkpoint(checkpoint_path, self.latest_checkpoint,
                                     evaluate_checkpoint)
@@ -652,10 +661,11 @@ class Estimator(object):
 
   def _evaluate_run(self, checkpoint_path, scaffold, update_op, eval_dict,
                     all_hooks, output_dir):
-    """Runs what `_evaluate_build_graph` built; returns the metric values."""
-    return sessions.run_evaluation(checkpoint_path, scaffold, update_op,
-                                   eval_dict, all_hooks, self._config,
-                                   output_dir)
+    """Runs what `_evaluate_build_graph` built and writes the metric values
+    to `output_dir`; returns them."""
+    return _write_evaluation(output_dir, checkpoint_path, sessions.run_evaluation(
+        checkpoint_path, scaffold, update_op, eval_dict, all_hooks,
+        self._config))
 
   def predict(self,
               input_fn: Callable[..., Any],
@@ -686,8 +696,7 @@ class Estimator(object):
         examples), `checkpoint_path` not a checkpoint, or as `train`.
       TypeError: a hook of another type.
     """
-    hooks = hooks_lib.check_hooks_type(hooks)
-    self._start_cluster_server()
+    hooks = hooks_lib.check_hooks_type(hooks) + self._task_session_hooks()
 
     def start_predicting(checkpoint):
       """The predictions' generator, its session started (restored) now."""
@@ -703,10 +712,13 @@ class Estimator(object):
         checkpoint_path, self.latest_checkpoint, start_predicting)
     yield from predictions
 
-  def _start_cluster_server(self):
-    """In a ps cluster, this task's server: its sessions run through it."""
-    if distributed.is_parameter_server_cluster(self._config):
-      distributed.server(self._config)
+  def _task_session_hooks(self, training=False):
+    """In a ps cluster, the hook that readies this task's sessions (starts
+    its server; before training on a worker, waits for the chief)."""
+    if not distributed.is_parameter_server_cluster(self._config):
+      return []
+    return [distributed.TaskSessionHook(
+        self._config, waits_for_chief=training and not self._config.is_chief)]
 
   # Graphs --------------------------------------------------------------------
 
@@ -856,3 +868,84 @@ class Estimator(object):
 
   def _check_model_fn_without_params(self):
     """Raises if the model_fn must take `params`; it need not here."""
+
+
+# tensorflow_estimator's name of the v2 API's `tf.estimator.Estimator` (its
+# `Estimator` is v1's; TF's tests of Estimator build `EstimatorV2`): one class
+# here serves both.
+EstimatorV2 = Estimator
+
+
+def _write_evaluation(output_dir, checkpoint_path, results):
+  """Writes an evaluation's `results` and the checkpoint it read (if any) as
+  summaries to `output_dir`, as TF's Estimator does; returns `results`."""
+  step = results[tf.compat.v1.GraphKeys.GLOBAL_STEP]
+  _write_dict_to_summary(output_dir, results, step)
+  if checkpoint_path:
+    _write_checkpoint_path_to_summary(
+        output_dir, checkpoints.original_path(checkpoint_path), step)
+  return results
+
+
+def _dict_to_str(dictionary):
+  """The results as the evaluation's log line shows them."""
+  return ', '.join('%s = %s' % (k, v)
+                   for k, v in sorted(dictionary.items())
+                   if not isinstance(v, bytes))
+
+
+def _write_dict_to_summary(output_dir, dictionary, current_global_step):
+  """Writes eval results as one Summary at `current_global_step`, as TF's
+  Estimator does (under its name: TF's tests of the exporters and early
+  stopping write evaluations with it)."""
+  tf.compat.v1.logging.info('Saving dict for global step %d: %s',
+                            current_global_step, _dict_to_str(dictionary))
+  summary_proto = tf.compat.v1.Summary()
+  for key, value in dictionary.items():
+    if value is None or key == tf.compat.v1.GraphKeys.GLOBAL_STEP:
+      continue
+    if isinstance(value, (np.float32, float)):
+      summary_proto.value.add(tag=key, simple_value=float(value))
+    elif isinstance(value, (np.int64, np.int32, int)):
+      summary_proto.value.add(tag=key, simple_value=int(value))
+    elif isinstance(value, bytes):
+      try:
+        summ = tf.compat.v1.Summary.FromString(value)
+      except message.DecodeError:
+        tf.compat.v1.logging.warn(
+            'Skipping summary for %s, cannot parse string to Summary.', key)
+        continue
+      for i, _ in enumerate(summ.value):
+        summ.value[i].tag = '%s/%d' % (key, i)
+      summary_proto.value.extend(summ.value)
+    elif isinstance(value, np.ndarray):
+      summary_value = summary_proto.value.add(tag=key, node_name=key)
+      summary_value.tensor.CopyFrom(tf.make_tensor_proto(value))
+      tf.compat.v1.logging.info(
+          'Summary for np.ndarray is not visible in Tensorboard by default. '
+          'Consider using a Tensorboard plugin for visualization (see '
+          'https://github.com/tensorflow/tensorboard-plugin-example/blob/master'
+          '/README.md for more information).')
+    else:
+      tf.compat.v1.logging.warn(
+          'Skipping summary for %s, must be a float, np.float32, np.int64, '
+          'np.int32 or int or np.ndarray or a serialized string of Summary.',
+          key)
+  writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
+  writer.add_summary(summary_proto, current_global_step)
+  writer.flush()
+
+
+def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
+                                      current_global_step):
+  """Writes the evaluated checkpoint's path as a string summary, as TF's
+  Estimator does."""
+  tf.compat.v1.logging.info("Saving 'checkpoint_path' summary for global step "
+                            '%d: %s', current_global_step, checkpoint_path)
+  summary_proto = tf.compat.v1.Summary()
+  summary_proto.value.add(
+      tag='checkpoint_path',
+      tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string))
+  writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
+  writer.add_summary(summary_proto, current_global_step)
+  writer.flush()

@@ -72,7 +72,12 @@ def _get_next_again(result):
   (e.g. a SparseTensor's deserialization): a function building another
   `get_next()` of that iterator and those ops again, in `result`'s structure;
   else None."""
-  leaves = tf.nest.flatten(result, expand_composites=True)
+  try:
+    leaves = tf.nest.flatten(result, expand_composites=True)
+  except TypeError:
+    # Features by int and str keys (Estimator takes them): nest cannot order
+    # them, and no iterator's get_next() gives them.
+    return None
   if not all(isinstance(leaf, tf.Tensor) for leaf in leaves):
     return None
   get_next_ops, between = set(), {}

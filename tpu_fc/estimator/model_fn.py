@@ -164,6 +164,30 @@ def _validate_scaffold(scaffold):
   return scaffold
 
 
+def call_logit_fn(logit_fn: Callable[..., Any], features: Any, mode: str,
+                  params: Any, config: Any) -> Any:
+  """`logit_fn(features=features)` with those of `mode`, `params` and
+  `config` it takes (tf.estimator.experimental's, TF's model_fn module's).
+
+  Returns:
+    Its logits: a Tensor or a dict of Tensors by string.
+
+  Raises:
+    ValueError: it returned anything else.
+  """
+  args = internals.fn_args(logit_fn)
+  logits = logit_fn(features=features, **{
+      name: value for name, value in (
+          ('mode', mode), ('params', params), ('config', config))
+      if name in args})
+  if not (isinstance(logits, tf.Tensor) or (isinstance(logits, dict) and all(
+      isinstance(key, str) and isinstance(value, tf.Tensor)
+      for key, value in logits.items()))):
+    raise ValueError('logit_fn should return a Tensor or a dictionary mapping '
+                     'strings to Tensors.  logit_fn returned: %s' % logits)
+  return logits
+
+
 class EstimatorSpec(
     collections.namedtuple('EstimatorSpec', [
         'mode', 'predictions', 'loss', 'train_op', 'eval_metric_ops',

@@ -22,7 +22,8 @@ _MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
 def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
                             checkpoint_path, assets_extra=None, as_text=False,
-                            random_seed=None, checkpoint_alias=None):
+                            random_seed=None, checkpoint_alias=None,
+                            session_config=None):
   """Writes the SavedModel; returns its directory (bytes, as Estimator does).
 
   Args:
@@ -37,6 +38,9 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
     as_text: write the SavedModel proto as text.
     random_seed: the graph seed (RunConfig.tf_random_seed).
     checkpoint_alias: `checkpoints.restored_names`' `alias`.
+    session_config: the `ConfigProto` of the sessions restoring the
+      checkpoint (the estimator's, as TF's: soft placement lets ops pinned to
+      a device the machine lacks export).
   """
   modes = [mode for mode in _MODES if input_receiver_fn_map.get(mode)]
   if not modes:
@@ -49,7 +53,7 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
     for mode in modes:
       _add_meta_graph(builder, build_model, input_receiver_fn_map[mode], mode,
                       checkpoint_path, mode == modes[0], random_seed,
-                      checkpoint_alias)
+                      checkpoint_alias, session_config)
     builder.save(as_text)
     _copy_assets_extra(temp_dir, assets_extra)
   except BaseException:
@@ -63,7 +67,7 @@ def export_all_saved_models(build_model, export_dir_base, input_receiver_fn_map,
 
 def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
                     checkpoint_path, save_variables, random_seed,
-                    checkpoint_alias):
+                    checkpoint_alias, session_config):
   """Builds `mode`'s graph, restores `checkpoint_path` and adds the graph
   (with the variables if `save_variables`) to `builder`."""
   with tf.Graph().as_default():
@@ -89,7 +93,7 @@ def _add_meta_graph(builder, build_model, input_receiver_fn, mode,
       restorer = renamed or saver
     local_init = (spec.scaffold.local_init_op or
                   tf.compat.v1.train.Scaffold.default_local_init_op())
-    with tf.compat.v1.Session() as session:
+    with tf.compat.v1.Session(config=session_config) as session:
       try:
         restorer.restore(session, checkpoint_path)
       except tf.errors.NotFoundError as e:

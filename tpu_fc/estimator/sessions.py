@@ -7,18 +7,19 @@ a `MonitoredSession`. No model code is built here.
 import contextlib
 
 import numpy as np
-from google.protobuf import message
 
 from tpu_fc._tf import tf
 from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import checkpoints
 from tpu_fc.estimator import input_errors
 from tpu_fc.estimator.model_fn import LOSS_METRIC_KEY
+from tpu_fc.estimator.run_config import TaskType
 
 _GLOBAL_STEP = tf.compat.v1.GraphKeys.GLOBAL_STEP
 
 
-def train(built, hooks, saving_listeners, config, saves_input_position=False):
+def train(built, hooks, saving_listeners, config, saves_input_position=False,
+          task_hooks=()):
   """Trains until a hook stops the session; returns the last loss value.
 
   Args:
@@ -29,6 +30,8 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
     config: the estimator's `RunConfig`.
     saves_input_position: the checkpoints hold the input's position (the
       input hooks then run before the first save).
+    task_hooks: the hooks that ready a cluster task's session
+      (`distributed.TaskSessionHook`), run after all others.
   """
   spec = built.spec
   graph = tf.compat.v1.get_default_graph()
@@ -68,14 +71,18 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
     listeners = internals.saver_listeners(saver_hooks[0])
     listeners.extend(l for l in saving_listeners if l not in listeners)
 
+  save_summary_steps, log_step_count_steps, summary_hooks = _summary_settings(
+      config, spec.scaffold)
+  worker_hooks += summary_hooks
   chief_only_hooks = tuple(chief_hooks) + tuple(spec.training_chief_hooks)
   if saves_input_position and config.is_chief:
     # The input hooks initialize the iterator and move it to its saved position
     # before the checkpoint hook's first save, which writes that position.
     worker_hooks, chief_only_hooks = worker_hooks + list(chief_only_hooks), ()
+  worker_hooks += task_hooks
   in_loop = built.loop_iterations is not None
   with input_errors.explained(), _hooks_fetching_loop_tensors_explained(
-      in_loop and _TRAINING_LOOP), tf.compat.v1.train.MonitoredTrainingSession(
+      in_loop and _TRAINING_LOOP), internals.training.MonitoredTrainingSession(
       master=config.master,
       is_chief=config.is_chief,
       checkpoint_dir=config.model_dir,
@@ -83,10 +90,10 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
       hooks=worker_hooks,
       chief_only_hooks=chief_only_hooks,
       save_checkpoint_secs=0,
-      save_summaries_steps=config.save_summary_steps,
+      save_summaries_steps=save_summary_steps,
       config=config.session_config,
       max_wait_secs=config.session_creation_timeout_secs,
-      log_step_count_steps=config.log_step_count_steps,
+      log_step_count_steps=log_step_count_steps,
       save_graph_def=config.checkpoint_save_graph_def) as session:
     loss = None
     steps = 0
@@ -97,6 +104,27 @@ def train(built, hooks, saving_listeners, config, saves_input_position=False):
     tf.compat.v1.logging.warn('Training with estimator made no steps. '
                               'Perhaps input is empty or misspecified.')
   return loss
+
+
+def _summary_settings(config, scaffold):
+  """`(save_summaries_steps, log_step_count_steps, hooks)` of a training
+  session, as TF's Estimator sets them: in a cluster with a master (which
+  also evaluates) and workers, worker 0 alone writes the summaries and step
+  rates, with hooks of its own; elsewhere the session's defaults do."""
+  jobs = config.cluster_spec.jobs if config.cluster_spec else ()
+  if TaskType.WORKER not in jobs or TaskType.MASTER not in jobs:
+    return config.save_summary_steps, config.log_step_count_steps, []
+  hooks = []
+  if config.task_type == TaskType.WORKER and config.task_id == 0:
+    if config.save_summary_steps and config.save_summary_steps > 0:
+      hooks.append(tf.compat.v1.train.SummarySaverHook(
+          save_steps=config.save_summary_steps, output_dir=config.model_dir,
+          scaffold=scaffold))
+    if config.log_step_count_steps and config.log_step_count_steps > 0:
+      hooks.append(tf.compat.v1.train.StepCounterHook(
+          every_n_steps=config.log_step_count_steps,
+          output_dir=config.model_dir))
+  return 0, None, hooks
 
 
 # TF's wordings for a hook's tensor it cannot fetch from the body of the
@@ -175,26 +203,25 @@ def evaluation_graph(built):
           list(spec.evaluation_hooks))
 
 
-def evaluate(built, hooks, checkpoint_path, config, output_dir):
+def evaluate(built, hooks, checkpoint_path, config):
   """Evaluates once; returns metric values plus `loss` and `global_step`.
 
-  Runs the metric update ops until a hook stops or input ends, then writes the
-  results as summaries to `output_dir`.
+  Runs the metric update ops until a hook stops or input ends.
   """
   scaffold, update_op, eval_dict, model_hooks = evaluation_graph(built)
   with _hooks_fetching_loop_tensors_explained(
       built.eval_loss is not None and _EVALUATION_LOOP):
     return run_evaluation(checkpoint_path, scaffold, update_op, eval_dict,
-                          list(hooks) + model_hooks, config, output_dir)
+                          list(hooks) + model_hooks, config)
 
 
 def run_evaluation(checkpoint_path, scaffold, update_op, eval_dict, hooks,
-                   config, output_dir):
-  """Runs an `evaluation_graph` (TF's `Estimator._evaluate_run`): restores
-  `checkpoint_path` (None: the scaffold initializes), runs `update_op` until a
-  hook stops or input ends, writes the results to `output_dir`."""
+                   config):
+  """Runs an `evaluation_graph`: restores `checkpoint_path` (None: the
+  scaffold initializes), runs `update_op` until a hook stops or input ends;
+  returns the final values of `eval_dict`."""
   with input_errors.explained():
-    results = internals.evaluate_once(
+    return internals.evaluate_once(
         checkpoint_path=checkpoint_path,
         master=config.evaluation_master,
         scaffold=scaffold,
@@ -202,12 +229,6 @@ def run_evaluation(checkpoint_path, scaffold, update_op, eval_dict, hooks,
         final_ops=eval_dict,
         hooks=hooks,
         config=config.session_config)
-  step = results[_GLOBAL_STEP]
-  _write_dict_to_summary(output_dir, results, step)
-  if checkpoint_path:
-    _write_checkpoint_path_to_summary(
-        output_dir, checkpoints.original_path(checkpoint_path), step)
-  return results
 
 
 def predict(built, hooks, checkpoint_path, config, predict_keys,
@@ -288,62 +309,3 @@ def _extract_batch_length(values):
       raise ValueError('Batch length of predictions should be same. %s has '
                        'different batch length than others.' % key)
   return batch_length
-
-
-def _dict_to_str(dictionary):
-  return ', '.join('%s = %s' % (k, v)
-                   for k, v in sorted(dictionary.items())
-                   if not isinstance(v, bytes))
-
-
-def _write_dict_to_summary(output_dir, dictionary, current_global_step):
-  """Writes eval results as one Summary, as Estimator does."""
-  tf.compat.v1.logging.info('Saving dict for global step %d: %s',
-                            current_global_step, _dict_to_str(dictionary))
-  summary_proto = tf.compat.v1.Summary()
-  for key, value in dictionary.items():
-    if value is None or key == _GLOBAL_STEP:
-      continue
-    if isinstance(value, (np.float32, float)):
-      summary_proto.value.add(tag=key, simple_value=float(value))
-    elif isinstance(value, (np.int64, np.int32, int)):
-      summary_proto.value.add(tag=key, simple_value=int(value))
-    elif isinstance(value, bytes):
-      try:
-        summ = tf.compat.v1.Summary.FromString(value)
-      except message.DecodeError:
-        tf.compat.v1.logging.warn(
-            'Skipping summary for %s, cannot parse string to Summary.', key)
-        continue
-      for i, _ in enumerate(summ.value):
-        summ.value[i].tag = '%s/%d' % (key, i)
-      summary_proto.value.extend(summ.value)
-    elif isinstance(value, np.ndarray):
-      summary_value = summary_proto.value.add(tag=key, node_name=key)
-      summary_value.tensor.CopyFrom(tf.make_tensor_proto(value))
-      tf.compat.v1.logging.info(
-          'Summary for np.ndarray is not visible in Tensorboard by default. '
-          'Consider using a Tensorboard plugin for visualization (see '
-          'https://github.com/tensorflow/tensorboard-plugin-example/blob/master'
-          '/README.md for more information).')
-    else:
-      tf.compat.v1.logging.warn(
-          'Skipping summary for %s, must be a float, np.float32, np.int64, '
-          'np.int32 or int or np.ndarray or a serialized string of Summary.',
-          key)
-  writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
-  writer.add_summary(summary_proto, current_global_step)
-  writer.flush()
-
-
-def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
-                                      current_global_step):
-  tf.compat.v1.logging.info("Saving 'checkpoint_path' summary for global step "
-                            '%d: %s', current_global_step, checkpoint_path)
-  summary_proto = tf.compat.v1.Summary()
-  summary_proto.value.add(
-      tag='checkpoint_path',
-      tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string))
-  writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
-  writer.add_summary(summary_proto, current_global_step)
-  writer.flush()
