@@ -158,12 +158,11 @@ class FinalExporter(_SavedModelExporter, Exporter):
 
 def _loss_smaller(best_eval_result, current_eval_result):
   """BestExporter's default `compare_fn`: True if the current loss is smaller."""
-  if not best_eval_result or LOSS_METRIC_KEY not in best_eval_result:
-    raise ValueError(
-        'best_eval_result cannot be empty or no loss is found in it.')
-  if not current_eval_result or LOSS_METRIC_KEY not in current_eval_result:
-    raise ValueError(
-        'current_eval_result cannot be empty or no loss is found in it.')
+  for name, result in (('best_eval_result', best_eval_result),
+                       ('current_eval_result', current_eval_result)):
+    if not result or LOSS_METRIC_KEY not in result:
+      raise ValueError(
+          '{} cannot be empty or no loss is found in it.'.format(name))
   return (best_eval_result[LOSS_METRIC_KEY] >
           current_eval_result[LOSS_METRIC_KEY])
 

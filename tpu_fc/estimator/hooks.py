@@ -209,10 +209,9 @@ class _StopAtCheckpointStepHook(tf.compat.v1.train.SessionRunHook):
   before on: the chief saves the last step's checkpoint."""
 
   def __init__(self, model_dir, last_step, wait_after_file_check_secs=30):
-    if last_step is None:
-      raise ValueError('last_step must be specified.')
-    if model_dir is None:
-      raise ValueError('model_dir must be specified.')
+    for name, value in (('last_step', last_step), ('model_dir', model_dir)):
+      if value is None:
+        raise ValueError('{} must be specified.'.format(name))
     self._model_dir = model_dir
     self._last_step = last_step
     self._wait_after_file_check_secs = wait_after_file_check_secs

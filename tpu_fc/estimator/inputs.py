@@ -27,13 +27,6 @@ from tpu_fc._tf import tf
 _TARGET_KEY = '__target_key__'
 
 
-def _unique_target_key(features):
-  target_key = _TARGET_KEY
-  while target_key in features:
-    target_key += '_n'
-  return target_key
-
-
 def _ordered_features(x):
   """`x` (an array or dict of arrays) as an OrderedDict sorted by key."""
   if isinstance(x, dict):
@@ -148,29 +141,32 @@ def numpy_input_fn(x,
                          '{}'.format(len(duplicate_keys), duplicate_keys))
       data.update(ordered_y)
     else:
-      target_keys = _unique_target_key(data)
+      target_keys = _TARGET_KEY
+      while target_keys in data:
+        target_keys += '_n'
       data[target_keys] = y
+
+    def of_y(values):
+      """The target's entries of `values` (by key): one, or a dict as y."""
+      if isinstance(target_keys, str):
+        return values[target_keys]
+      return {key: values[key] for key in target_keys}
+
     if len(set(value.shape[0] for value in data.values())) != 1:
-      shapes_of_x = {k: data[k].shape for k in feature_keys}
-      if target_keys is None:
-        shapes_of_y = None
-      elif isinstance(target_keys, str):
-        shapes_of_y = y.shape
-      else:
-        shapes_of_y = {k: data[k].shape for k in target_keys}
+      shapes = {key: value.shape for key, value in data.items()}
       raise ValueError('Length of tensors in x and y is mismatched. All '
                        'elements in x and y must have the same length.\n'
                        'Shapes in x: {}\n'
-                       'Shapes in y: {}\n'.format(shapes_of_x, shapes_of_y))
+                       'Shapes in y: {}\n'.format(
+                           {key: shapes[key] for key in feature_keys},
+                           None if y is None else of_y(shapes)))
     batch = _batches(data, batch_size, num_epochs, shuffle, queue_capacity,
                      num_threads)
     features = (batch[feature_keys[0]] if isinstance(x, np.ndarray) else
                 {key: batch[key] for key in feature_keys})
-    if target_keys is None:
+    if y is None:
       return features
-    if isinstance(target_keys, str):
-      return features, batch[target_keys]
-    return features, {key: batch[key] for key in target_keys}
+    return features, of_y(batch)
 
   return input_fn
 
@@ -205,7 +201,9 @@ def pandas_input_fn(x,
       raise ValueError('Index for x and y are mismatched.\nIndex for x: %s\n'
                        'Index for y: %s\n' % (x.index, y.index))
     if isinstance(y, pd.DataFrame):
-      y_columns = [(column, _unique_column_name(x, column)) for column in list(y)]
+      # each made unique among x's columns, as TF makes it
+      y_columns = [(column, '{}_{}'.format(column, uuid.uuid4())
+                    if column in x else column) for column in list(y)]
       target_column = [name for _, name in y_columns]
     x[target_column] = y
   if queue_capacity is None:
@@ -223,8 +221,3 @@ def pandas_input_fn(x,
     return features, features.pop(target_column)
 
   return input_fn
-
-
-def _unique_column_name(frame, name):
-  """`name`, made unique among `frame`'s columns as TF makes it."""
-  return name if name not in frame else '{}_{}'.format(name, uuid.uuid4())

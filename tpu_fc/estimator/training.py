@@ -184,16 +184,13 @@ class EvalSpec(
       raise TypeError('`name` must be string, given: {}'.format(name))
     hooks = _validate_hooks(hooks)
     exporters = _validate_exporters(exporters)
-    if start_delay_secs < 0:
-      raise ValueError('Must specify start_delay_secs >= 0, given: {}'.format(
-          start_delay_secs))
-    if throttle_secs < 0:
-      raise ValueError(
-          'Must specify throttle_secs >= 0, given: {}'.format(throttle_secs))
+    for field, secs in (('start_delay_secs', start_delay_secs),
+                        ('throttle_secs', throttle_secs)):
+      if secs < 0:
+        raise ValueError('Must specify {} >= 0, given: {}'.format(field, secs))
     return super(EvalSpec, cls).__new__(
-        cls, input_fn=input_fn, steps=steps, name=name, hooks=hooks,
-        exporters=exporters, start_delay_secs=start_delay_secs,
-        throttle_secs=throttle_secs)
+        cls, input_fn, steps, name, hooks, exporters, start_delay_secs,
+        throttle_secs)
 
 
 def _as_spec(spec, spec_class, error):
@@ -541,9 +538,8 @@ class _TrainingExecutor(object):
       tf.compat.v1.logging.info('Waiting %f secs before starting eval.',
                                 start_delay_secs)
       time.sleep(start_delay_secs)
-    evaluator = _Evaluator(self._estimator, self._eval_spec,
-                           self._train_spec.max_steps)
     max_steps = self._train_spec.max_steps
+    evaluator = _Evaluator(self._estimator, self._eval_spec, max_steps)
     listener = self._continuous_eval_listener
     while True:
       start = time.time()

@@ -486,7 +486,10 @@ def _feature_input(feature, ids, weights):
   keep = ids.values >= 0
   lengths = None
   if feature.is_sequence:
-    lengths = sequence_lengths(ids, feature.max_sequence_length)
+    # Per example, 1 + its last id position, capped (TPUEstimator's).
+    lengths = tf.clip_by_value(tf.math.unsorted_segment_max(
+        ids.indices[:, 1] + 1, ids.indices[:, 0],
+        tf.cast(ids.dense_shape[0], tf.int32)), 0, feature.max_sequence_length)
     keep = tf.logical_and(keep,
                           ids.indices[:, 1] < feature.max_sequence_length)
   ids, weights = _retain(ids, weights, keep)
@@ -533,14 +536,6 @@ def _retain(ids, weights, keep):
 
   result = tf.cond(tf.reduce_all(keep), as_given, dropped)
   return (result, None) if weights is None else result
-
-
-def sequence_lengths(ids, max_sequence_length):
-  """Per example of sparse `ids`, 1 + its last id position, capped (TPUEstimator's)."""
-  lengths = tf.math.unsorted_segment_max(
-      ids.indices[:, 1] + 1, ids.indices[:, 0],
-      tf.cast(ids.dense_shape[0], tf.int32))
-  return tf.clip_by_value(lengths, 0, max_sequence_length)
 
 
 def _ids_in_range(layout, inputs):

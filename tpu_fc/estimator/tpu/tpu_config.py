@@ -187,20 +187,14 @@ class TPUConfig(
       check_positive_integer(initial_infeed_sleep_secs,
                              'TPUConfig initial_infeed_sleep_secs')
     return super(TPUConfig, cls).__new__(
-        cls,
-        iterations_per_loop=iterations_per_loop,
-        num_shards=num_shards,
-        num_cores_per_replica=num_cores_per_replica,
-        per_host_input_for_training=per_host_input_for_training,
-        tpu_job_name=tpu_job_name or _tpu_job_name_from_tf_config(),
-        initial_infeed_sleep_secs=initial_infeed_sleep_secs,
-        input_partition_dims=input_partition_dims,
-        eval_training_input_configuration=eval_training_input_configuration,
-        experimental_host_call_every_n_steps=(
-            experimental_host_call_every_n_steps),
-        experimental_allow_per_host_v2_parallel_get_next=(
-            experimental_allow_per_host_v2_parallel_get_next),
-        experimental_feed_hook=experimental_feed_hook)
+        cls, iterations_per_loop, num_shards, num_cores_per_replica,
+        per_host_input_for_training,
+        tpu_job_name or _tpu_job_name_from_tf_config(),
+        initial_infeed_sleep_secs, input_partition_dims,
+        eval_training_input_configuration,
+        experimental_host_call_every_n_steps,
+        experimental_allow_per_host_v2_parallel_get_next,
+        experimental_feed_hook)
 
 
 def coerce_tpu_config(tpu_config):
@@ -219,13 +213,6 @@ def coerce_tpu_config(tpu_config):
       for field in TPUConfig._fields
       if hasattr(tpu_config, field)
   })
-
-
-def _stands_in_for_tf_config(cluster):
-  """Whether `cluster` is a parameter-server cluster's resolver (one with a
-  `ps` job), which tpu_fc reads as TF_CONFIG (`tpu_fc.estimator.distributed`)."""
-  return (cluster is not None and
-          run_config.TaskType.PS in cluster.cluster_spec().jobs)
 
 
 def _with_cluster_def(session_config, cluster_spec):
@@ -289,7 +276,10 @@ class RunConfig(run_config.RunConfig):
       if cluster is not None:
         raise ValueError('Both master and cluster are set.')
       self._master = master
-    elif _stands_in_for_tf_config(cluster):
+    elif (cluster is not None and
+          run_config.TaskType.PS in cluster.cluster_spec().jobs):
+      # A parameter-server cluster's resolver (one with a `ps` job), which
+      # tpu_fc reads as TF_CONFIG (`tpu_fc.estimator.distributed`).
       self._set(**run_config.cluster_settings(
           cluster.cluster_spec(), cluster.task_type, cluster.task_id))
       self._maybe_overwrite_session_config_for_distributed_training()

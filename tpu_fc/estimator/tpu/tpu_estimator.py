@@ -233,7 +233,7 @@ class TPUEstimator(estimator.Estimator):
     predict_batch_size: the global prediction batch size; required for
       prediction with `use_tpu=True`, divisible by the cores (but under
       `BROADCAST`).
-    batch_axis: TF's per-feature batch dimensions for sharding; kept, not
+    batch_axis: TF's per-feature batch dimensions for sharding; accepted, not
       read: the emulated cores split each input along its first dimension.
     eval_on_tpu: False evaluates on the CPU with `use_tpu=True` (a plain
       graph, as with `use_tpu=False`, reading the TPU-trained tables);
@@ -336,7 +336,6 @@ class TPUEstimator(estimator.Estimator):
         ModeKeys.PREDICT: predict_batch_size,
     }
     # Kept as TF keeps it; the emulation splits inputs along their first axis.
-    self._batch_axis = batch_axis
     self._export_to_tpu = export_to_tpu
     self._export_to_cpu = export_to_cpu
     self._embedding_config_spec = embedding_config_spec

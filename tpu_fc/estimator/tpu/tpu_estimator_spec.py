@@ -169,18 +169,9 @@ class TPUEstimatorSpec(
     predictions = model_fn.validate_predictions(predictions, mode)
     export_outputs = model_fn.validate_export_outputs(export_outputs, predictions, mode)
     return super(TPUEstimatorSpec, cls).__new__(
-        cls,
-        mode=mode,
-        predictions=predictions,
-        loss=loss,
-        train_op=train_op,
-        eval_metrics=eval_metrics,
-        export_outputs=export_outputs,
-        scaffold_fn=scaffold_fn,
-        host_call=host_call,
-        training_hooks=training_hooks,
-        evaluation_hooks=evaluation_hooks,
-        prediction_hooks=prediction_hooks)
+        cls, mode, predictions, loss, train_op, eval_metrics, export_outputs,
+        scaffold_fn, host_call, training_hooks, evaluation_hooks,
+        prediction_hooks)
 
   def as_estimator_spec(self) -> model_fn.EstimatorSpec:
     """The `EstimatorSpec` TPUEstimator runs on CPU.
