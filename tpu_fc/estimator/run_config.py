@@ -436,6 +436,36 @@ class RunConfig(object):
       self._session_config = distributed_session_config(self._task_type,
                                                         self._task_id)
 
+  model_dir = field('model_dir')
+  tf_random_seed = field('tf_random_seed')
+  save_summary_steps = field('save_summary_steps')
+  save_checkpoints_steps = field('save_checkpoints_steps')
+  save_checkpoints_secs = field('save_checkpoints_secs')
+  session_config = field('session_config')
+  keep_checkpoint_max = field('keep_checkpoint_max')
+  keep_checkpoint_every_n_hours = field('keep_checkpoint_every_n_hours')
+  log_step_count_steps = field('log_step_count_steps')
+  session_creation_timeout_secs = field('session_creation_timeout_secs')
+  checkpoint_save_graph_def = field('checkpoint_save_graph_def')
+  device_fn = field('device_fn')
+  protocol = field('protocol')
+  sync_replicas = field('sync_replicas')
+  experimental_max_worker_delay_secs = field(
+      'experimental_max_worker_delay_secs')
+  train_distribute = field('train_distribute')
+  eval_distribute = field('eval_distribute')
+  experimental_distribute = field('experimental_distribute')
+  master = field('master')
+  evaluation_master = field('evaluation_master')
+  cluster_spec = field('cluster_spec')
+  is_chief = field('is_chief')
+  task_type = field('task_type')
+  task_id = field('task_id')
+  global_id_in_cluster = field('global_id_in_cluster')
+  num_ps_replicas = field('num_ps_replicas')
+  num_worker_replicas = field('num_worker_replicas')
+  service = field('service')
+
   def replace(self, **kwargs: Any) -> RunConfig:
     """A deep copy with some keyword arguments changed, as `tf.estimator.RunConfig`'s.
 
@@ -482,12 +512,6 @@ class RunConfig(object):
     return '{}({})'.format(type(self).__name__, ', '.join(
         '{}={!r}'.format(name.lstrip('_'), value)
         for name, value in vars(self).items()))
-
-
-# Every field a read-only property (`field`), as TF's RunConfig has them.
-for _name in REPLACEABLE_FIELDS + CLUSTER_FIELDS:
-  setattr(RunConfig, _name, field(_name))
-del _name
 
 
 def default_session_config():
