@@ -391,8 +391,8 @@ class TolerantSaver(tf.compat.v1.train.Saver):
         not _is_optimizer_state(n, var_list)])
     if not missing and not read_as:
       return
-    present = {read_as.get(n, n): v for n, v in var_list.items()
-               if n not in missing}
+    present = _as_read({n: v for n, v in var_list.items() if n not in missing},
+                       read_as)
     self._partial = (
         checkpoint_path,
         tf.compat.v1.train.Saver(var_list=present, sharded=True),

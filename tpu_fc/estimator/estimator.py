@@ -931,9 +931,7 @@ def _write_dict_to_summary(output_dir, dictionary, current_global_step):
           'Skipping summary for %s, must be a float, np.float32, np.int64, '
           'np.int32 or int or np.ndarray or a serialized string of Summary.',
           key)
-  writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
-  writer.add_summary(summary_proto, current_global_step)
-  writer.flush()
+  _add_summary(output_dir, summary_proto, current_global_step)
 
 
 def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
@@ -946,6 +944,12 @@ def _write_checkpoint_path_to_summary(output_dir, checkpoint_path,
   summary_proto.value.add(
       tag='checkpoint_path',
       tensor=tf.make_tensor_proto(checkpoint_path, dtype=tf.string))
+  _add_summary(output_dir, summary_proto, current_global_step)
+
+
+def _add_summary(output_dir, summary_proto, step):
+  """Adds `summary_proto` at `step` to `output_dir`'s events, flushed (the
+  writer TF's Estimator shares with the summary hooks)."""
   writer = tf.compat.v1.summary.FileWriterCache.get(output_dir)
-  writer.add_summary(summary_proto, current_global_step)
+  writer.add_summary(summary_proto, step)
   writer.flush()
