@@ -429,13 +429,94 @@ def _weighted_activation_share(combiner, example, weight):
                             combiner]
 
 
-def test_dense_ids_are_one_per_example_as_on_a_tpu():
+DENSE_IDS = [[3, 1], [0, 0], [1, 2], [1, 4]]
+DENSE_WEIGHTS = [[1.0, 0.5], [2.0, 1.0], [0.5, 0.25], [4.0, 2.0]]
+
+
+@pytest.mark.parametrize('combiner', ['sum', 'mean', 'sqrtn'])
+@pytest.mark.parametrize('width', [1, 2])
+def test_dense_ids_and_their_weights_as_a_sparsecore_takes_them(combiner,
+                                                                width):
+  """keras-rs's `call(inputs, weights)` with dense ids `[batch, n]` (its
+  FeatureConfig's output one activation per example): a SparseCore combines
+  the n ids of an example by the table's combiner, weighted; one SGD step
+  moves each id's row by its share of its example's gradient."""
+  configs = _feature_configs(keras.optimizers.SGD(LR))
+  configs['a'].table.combiner = combiner
+  layer = tpu_fc_keras_rs.DistributedEmbedding(configs)
+  ids = np.array(DENSE_IDS)[:, :width]
+  weights = np.array(DENSE_WEIGHTS, F32)[:, :width]
+  norm = {'sum': np.ones(4, F32), 'mean': weights.sum(axis=1),
+          'sqrtn': np.sqrt((weights * weights).sum(axis=1))}[combiner]
+  share = weights / norm[:, None]  # d(activation)/d(row) of each id
+  with tf.GradientTape() as tape:
+    activation = layer({'a': tf.constant(ids)}, {'a': tf.constant(weights)})['a']
+    loss = tf.reduce_sum(C * activation)
+  tape.gradient(loss, layer.trainable_variables)
+  np.testing.assert_allclose(
+      activation, (W0[ids] * share[:, :, None]).sum(axis=1), **TOL)
+  moved = np.zeros_like(W0)
+  np.add.at(moved, ids.reshape(-1), (share[:, :, None] * C[:, None]).reshape(
+      -1, 2))
+  np.testing.assert_allclose(layer.get_embedding_tables()['table'],
+                             W0 - LR * moved, **TOL)
+
+
+def test_a_single_feature_config_is_named_in_errors():
+  """A single un-nested `FeatureConfig` has no path: its name names it."""
+  table = tf.tpu.experimental.embedding.TableConfig(vocabulary_size=5, dim=2,
+                                                    name='table')
+  embedding = tpu_fc.mid_level.TPUEmbedding(
+      tf.tpu.experimental.embedding.FeatureConfig(table=table, name='clicks'),
+      tf.tpu.experimental.embedding.SGD(LR))
+  with pytest.raises(ValueError, match='dense input clicks, which is not'):
+    embedding.enqueue(tf.constant([1, 2]), weights=tf.constant([1.0, 2.0]))
+
+
+def _jit_and_eager_steps(layer_of, call, steps=2):
+  """The tables of two layers `layer_of()` after `steps` of a gradient step
+  of `call(layer)`'s loss: one in a `tf.function(jit_compile=True)` (which
+  fails unless XLA compiles all of it), one in a plain one."""
+  tables = []
+  for jit_compile in (True, False):
+    layer = layer_of()
+
+    @tf.function(jit_compile=jit_compile)
+    def step():
+      with tf.GradientTape() as tape:
+        loss = call(layer)  # pylint: disable=cell-var-from-loop
+      return tape.gradient(loss, layer.trainable_variables)  # pylint: disable=cell-var-from-loop
+
+    for _ in range(steps):
+      step()
+    tables.append(layer.get_embedding_tables()['table'])
+  return tables
+
+
+@pytest.mark.parametrize('name', ['sgd', 'adagrad', 'adam'])
+@pytest.mark.parametrize('kind', ['dense', 'ragged'])
+def test_xla_compiles_a_step_of_the_tpu_rules(name, kind):
+  """`tf.function(jit_compile=True)` around the emulated SparseCore: its
+  checks made while tracing, the TPU rules on gathered rows; the tables are
+  the TPU rule's, as without XLA."""
+  ids = tf.constant([[3], [1], [1], [0]]) if kind == 'dense' else _ids()
+  jit, plain = _jit_and_eager_steps(
+      lambda: tpu_fc_keras_rs.DistributedEmbedding(
+          _feature_configs(RULES[name][0]())),
+      lambda layer: tf.reduce_mean(_loss(C, layer({'a': ids})['a'])))
+  np.testing.assert_allclose(jit, plain, **TOL)
+  if kind == 'ragged':
+    np.testing.assert_allclose(jit, _tpu_steps(RULES[name][1])[0], **TOL)
+
+
+def test_keras_jit_compile_trains_the_tables():
+  """`model.compile(jit_compile=True)`: Keras compiles the step with the
+  emulated layer in it."""
   layer = tpu_fc_keras_rs.DistributedEmbedding(
-      _feature_configs(keras.optimizers.SGD(LR)))
-  activation = layer({'a': tf.constant([[3], [0], [1], [1]])})['a']
-  np.testing.assert_array_equal(activation, W0[[3, 0, 1, 1]])
-  with pytest.raises(ValueError, match='last dimension as 1'):
-    layer({'a': tf.constant([[3, 1], [0, 1], [1, 1], [1, 1]])})
+      _feature_configs(keras.optimizers.Adagrad(
+          LR, initial_accumulator_value=0.1)))
+  _fit(layer, keras.optimizers.SGD(0.0), jit_compile=True)
+  _assert_tpu_rule(layer, 'adagrad')
 
 
 def test_shared_tables_and_sequence_features_from_a_spec():
@@ -778,14 +859,12 @@ def test_evaluate_and_predict_leave_the_tables_as_they_are():
   np.testing.assert_array_equal(_table_and_slots(layer)[0], trained)
   np.testing.assert_allclose(
       predictions, [trained[ids].sum(axis=0) for ids in IDS], **TOL)
-  # Keras' loop of two steps per call traces the same step; XLA, which
-  # cannot compile the engine's host-side checks, is declined (Keras warns).
+  # Keras' loop of two steps per call, compiled by XLA, traces the same step.
   twice = tpu_fc_keras_rs.DistributedEmbedding(
       _feature_configs(RULES['adagrad'][0]()))
-  with pytest.warns(UserWarning, match='support `jit_compile=True`'):
-    _fit(twice, keras.optimizers.SGD(LR), steps=4, steps_per_execution=2,
-         jit_compile=True)
-  np.testing.assert_array_equal(_table_and_slots(twice)[0], trained)
+  _fit(twice, keras.optimizers.SGD(LR), steps=4, steps_per_execution=2,
+       jit_compile=True)
+  np.testing.assert_allclose(_table_and_slots(twice)[0], trained, **TOL)
 
 
 def test_signatures_are_the_designs():

@@ -151,12 +151,15 @@ def test_the_estimator_core_knows_no_embedding():
 
 
 def test_inputs_and_the_engine_stand_below_their_users():
-  """`inputs` needs only TensorFlow; the engine only the inputs, the update
-  rules and their reference; naming and variables are the owners' (the
-  estimator's backend, the mid-level class)."""
-  assert _module_imports('tpu_fc.lookup.inputs') == {'tpu_fc._tf'}
+  """`inputs` needs only TensorFlow (its internals through their one
+  module); the engine only the inputs, the update rules and their reference;
+  naming and variables are the owners' (the estimator's backend, the
+  mid-level class)."""
+  assert _module_imports('tpu_fc.lookup.inputs') <= {'tpu_fc._tf',
+                                                     'tpu_fc._tf_internals'}
   assert _module_imports('tpu_fc.lookup.host_engine') <= {
-      'tpu_fc._tf', 'tpu_fc.reference', 'tpu_fc.lookup.inputs',
+      'tpu_fc._tf', 'tpu_fc._tf_internals', 'tpu_fc.reference',
+      'tpu_fc.lookup.inputs',
       'tpu_fc.lookup.sparse_update'}
   for owner in ('tpu_fc.lookup.backends', 'tpu_fc.mid_level'):
     assert 'tpu_fc.lookup.host_engine' in _module_imports(owner), owner

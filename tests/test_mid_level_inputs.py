@@ -145,17 +145,114 @@ def test_rank_3_sparse_ids_are_combined_over_their_last_dimension(
 
 @pytest.mark.parametrize('combiner', ['sum', 'mean', 'sqrtn'])
 @pytest.mark.parametrize('cores', [1, 2])
-def test_dense_ids_are_one_per_example_and_position(combiner, cores):
+@pytest.mark.parametrize('last_of_1', [True, False],
+                         ids=['[batch, n, 1]', '[batch, n]'])
+def test_dense_ids_are_one_per_example_and_position(combiner, cores, last_of_1):
+  """`[batch, n, 1]` as TF's TPU reads it; `[batch, n]` (which TF's TPU
+  refuses) as a TPU without embedding cores (`TPUEmbeddingV0`, TF's CPU
+  lookup) and a SparseCore given that output shape read it."""
   config, embedding = _embedding(_table(combiner), num_cores=cores)
+  ids = _dense_ids() if last_of_1 else tf.constant(DENSE_IDS, tf.int64)
   tf_lookup = embedding_api.serving_embedding_lookup(
-      {'f': _dense_ids()}, None, embedding.embedding_tables, config)['f']
-  got = _train_step(embedding, {'f': _dense_ids()})
-  ids = np.array(DENSE_IDS)
-  np.testing.assert_array_equal(got, models.START[ids])
-  np.testing.assert_array_equal(got, tf_lookup[:, :, 0])  # TF's [4, 2, 1, dim]
-  _reference('adagrad', ids.reshape(-1), np.repeat(np.arange(BATCH), POSITIONS),
+      {'f': ids}, None, embedding.embedding_tables, config)['f']
+  got = _train_step(embedding, {'f': ids})
+  np.testing.assert_array_equal(got, models.START[np.array(DENSE_IDS)])
+  np.testing.assert_array_equal(  # (TF's [4, 2, 1, dim] of [4, 2, 1])
+      got, tf_lookup[:, :, 0] if last_of_1 else tf_lookup)
+  _reference('adagrad', np.array(DENSE_IDS).reshape(-1),
+             np.repeat(np.arange(BATCH), POSITIONS),
              COEF.reshape(-1, models.DIM), cores).assert_matches(
                  *_table_and_slots(embedding))
+
+
+@pytest.mark.parametrize('combiner', ['sum', 'mean', 'sqrtn'])
+def test_dense_ids_read_against_an_output_shape_of_examples_are_combined(
+    combiner):
+  """A SparseCore's `TPUEmbeddingV2`: dense `[batch, n]` ids whose output
+  shape is `[batch]` are n ids per example, combined by the table's combiner
+  (id 0 too); TF's CPU lookup of the same ids as a SparseTensor agrees."""
+  config, embedding = _embedding(_table(combiner), output_shape=[BATCH])
+  ids = np.array(DENSE_IDS)
+  as_sparse = tf.RaggedTensor.from_tensor(ids).to_sparse()
+  norm = {'sum': 1.0, 'mean': POSITIONS, 'sqrtn': np.sqrt(POSITIONS)}[combiner]
+  coef = COEF[:, 0]  # d(loss)/d(activation), [BATCH, DIM]
+  embedding.enqueue({'f': tf.constant(ids)})
+  with tf.GradientTape() as tape:
+    activations = embedding.dequeue()
+    tape.watch(activations)
+    loss = tf.reduce_sum(activations['f'] * coef)
+  want = embedding_api.serving_embedding_lookup(
+      {'f': as_sparse}, None, embedding.embedding_tables, config)['f']
+  embedding.apply_gradients(tape.gradient(loss, activations))
+  np.testing.assert_allclose(activations['f'], want, rtol=1e-6)
+  np.testing.assert_allclose(activations['f'],
+                             models.START[ids].sum(axis=1) / norm, rtol=1e-6)
+  _reference('adagrad', ids.reshape(-1), np.repeat(np.arange(BATCH), POSITIONS),
+             np.repeat(coef, POSITIONS, axis=0) / norm, 1).assert_matches(
+                 *_table_and_slots(embedding))
+
+
+@pytest.mark.parametrize('ids', [
+    tf.constant(3, tf.int64),
+    tf.SparseTensor([[0], [2]], tf.constant([3, 1], tf.int64), [4])
+], ids=['rank-0 id', 'rank-1 SparseTensor'])
+def test_a_single_example_without_a_batch_dimension(ids):
+  """A rank-0 id and a rank-1 SparseTensor (Keras' `Input(shape=(),
+  sparse=True)`), which TF's TPU refuses, as a TPU without embedding cores
+  (`TPUEmbeddingV0`) and TF's CPU lookup read them: one example, its
+  activation `[dim]`; its rows train."""
+  config, embedding = _embedding(_table('sum'), optimizer='sgd')
+  rows = tf.sparse.to_dense(ids).numpy() if isinstance(
+      ids, tf.SparseTensor) else None
+  looked_up = [3, 1] if rows is not None else [3]
+  want = embedding_api.serving_embedding_lookup(
+      {'f': ids}, None, embedding.embedding_tables, config)['f']
+  embedding.enqueue({'f': ids})
+  with tf.GradientTape() as tape:
+    activations = embedding.dequeue()
+    tape.watch(activations)
+    loss = tf.reduce_sum(activations['f'] * models.COEF)
+  embedding.apply_gradients(tape.gradient(loss, activations))
+  assert activations['f'].shape == (models.DIM,)
+  np.testing.assert_allclose(activations['f'], want, rtol=1e-6)
+  np.testing.assert_allclose(activations['f'],
+                             models.START[looked_up].sum(axis=0), rtol=1e-6)
+  _reference('sgd', np.array(looked_up), np.zeros(len(looked_up), int),
+             np.tile(models.COEF, (len(looked_up), 1)), 1).assert_matches(
+                 *_table_and_slots(embedding))
+
+
+def _static_shape_cases():
+  ragged = tf.ragged.constant([[1, 2], [3], [4, 0], [5]] * 2, tf.int64)
+  return [
+      ('dense', {}, tf.constant([1, 2, 3, 4] * 2, tf.int64), [8, models.DIM]),
+      ('sparse', {}, ragged.to_sparse(), [8, models.DIM]),
+      ('ragged', {}, ragged, [8, models.DIM]),
+      ('sequence', {'max_sequence_length': 3}, ragged, [8, 3, models.DIM]),
+      ('high-dimensional', {}, tf.sparse.concat(0, [SPARSE_IDS()] * 2),
+       [8, POSITIONS, models.DIM]),
+  ]
+
+
+@pytest.mark.parametrize('kind, feature, ids, shape', _static_shape_cases(),
+                         ids=[case[0] for case in _static_shape_cases()])
+def test_activations_keep_every_static_dimension_of_their_input(
+    kind, feature, ids, shape):
+  """In a `tf.function`, as a TPU's dequeue gives them (its enqueue records
+  the output shapes from the input; TFRS's ranking model squeezes them);
+  the batch may change from call to call."""
+  del kind
+  _, embedding = _embedding(**feature)
+
+  @tf.function
+  def lookup(ids):
+    embedding.enqueue({'f': ids}, training=False)
+    return embedding.dequeue()['f']
+
+  assert lookup.get_concrete_function(ids).structured_outputs.shape == shape
+  half = (tf.sparse.slice(ids, [0] * ids.shape.rank, [4] + ids.shape[1:])
+          if isinstance(ids, tf.SparseTensor) else ids[:4])
+  assert lookup(half).shape == [4] + shape[1:]
 
 
 def test_built_shapes_read_dense_sparse_and_ragged_inputs_on_two_cores():
@@ -236,16 +333,6 @@ def test_a_checkpoint_of_high_dimensional_training_restores_into_tfs_classes(
 
 
 def _misuses():
-  def dense_ids_of_two_per_example():
-    _embedding()[1].enqueue({'f': tf.constant(DENSE_IDS, tf.int64)})
-
-  def dense_scalar():
-    _embedding()[1].enqueue({'f': tf.constant(1, tf.int64)})
-
-  def rank_1_sparse():
-    _embedding()[1].enqueue({'f': tf.sparse.from_dense(
-        tf.constant([1, 2], tf.int64))})
-
   def rank_3_ragged():
     _embedding()[1].enqueue({'f': tf.ragged.constant(
         [[[1], [2, 3]], [[4]]], tf.int64)})
@@ -307,14 +394,6 @@ def _misuses():
                 {'f': tf.TensorShape([BATCH, 2])})
 
   return [
-      (dense_ids_of_two_per_example, ValueError, r'Rank 2 or above dense '
-       r'tensor should have last dimension as 1 as the last dimension will '
-       r'always be reduced. Instead got dense tensor as shape \[4, 2\] '
-       r'\(input f:'),
-      (dense_scalar, ValueError, 'Only rank 1 and above dense tensor is '
-       'supported, find rank 0 sparse tensor for input f'),
-      (rank_1_sparse, ValueError, 'Only rank 2 and above sparse tensor is '
-       'supported, find rank 1 sparse tensor for input f'),
       (rank_3_ragged, ValueError, 'Only rank 2 ragged tensor is supported, '
        'find rank 3 ragged tensor for input f'),
       (dense_sequence, ValueError, 'Feature f is a sequence feature but a '

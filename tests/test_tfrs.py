@@ -280,6 +280,50 @@ def test_the_guides_program_as_written(installed, tmp_path):
     np.testing.assert_array_equal(value, state[name], err_msg=name)
 
 
+def test_the_guides_program_compiled_by_xla_trains_by_the_tpu_rule(installed):
+  """`model.compile(jit_compile=True)`: XLA compiles the step with the
+  emulated lookup and update in it (a TPU compiles everything), and the table
+  trains by the embedding optimizer's TPU rule as without it."""
+  del installed
+  model, layer = guide_model(embedding.Adagrad(**OPTIMIZER_ARGS['adagrad'][1]))
+  model.compile(model.optimizer, 'mse', jit_compile=True)
+  fit(model)
+  want, kernel, _ = expected_guide(TPU_RULES['adagrad'])
+  assert_trained_by(layer_state(layer), want, expected_guide(MODEL_RULE)[0])
+  np.testing.assert_allclose(model.layers[-1].kernel.numpy(), kernel, **TOL)
+
+
+def test_tfrs_ranking_model_crosses_activations_of_static_shape(installed):
+  """TFRS's `Ranking` squeezes the activations and crosses their
+  concatenation, which needs their static shape: the batch the dataset
+  gives (drop_remainder), as a TPU's dequeue gives it."""
+  del installed
+  tables = {str(i): embedding.FeatureConfig(table=embedding.TableConfig(
+      vocabulary_size=5, dim=4, name='t{}'.format(i))) for i in range(2)}
+  model = tfrs.experimental.models.Ranking(
+      embedding_layer=tfrs.experimental.layers.embedding.PartialTPUEmbedding(
+          feature_config=tables, optimizer=embedding.SGD(0.1),
+          size_threshold=0),
+      feature_interaction=tf.keras.Sequential([
+          tf.keras.layers.Concatenate(), tfrs.layers.feature_interaction.Cross()
+      ]))
+  model.compile(optimizer=tf.keras.optimizers.legacy.Adam())
+  ids = {key: tf.constant([1, 2, 3, 4]) for key in tables}
+  data = tf.data.Dataset.from_tensors(({'dense_features': tf.ones([4, 3]),
+                                        'sparse_features': ids},
+                                       tf.constant([0, 1, 1, 0]))).repeat(2)
+  before = {key: table.numpy() for key, table in tables_by_name(model).items()}
+  model.fit(data, verbose=0)
+  for key, table in tables_by_name(model).items():
+    assert not np.allclose(table.numpy()[1:], before[key][1:]), key
+
+
+def tables_by_name(model):
+  layer = model._embedding_layer  # pylint: disable=protected-access
+  return {config.name: table
+          for config, table in layer.tpu_embedding.embedding_tables.items()}
+
+
 def test_tfrs_own_layer_trains_its_table_by_the_models_optimizer():
   """Without tpu_fc (the bug): TFRS's layer on the CPU hands its table to the
   model's Adagrad, its SGD ignored: what the test above rejects."""

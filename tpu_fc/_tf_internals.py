@@ -18,6 +18,8 @@ from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.data.experimental.ops import iterator_ops
 from tensorflow.python.feature_column import feature_column as core_fc_v1
 from tensorflow.python.feature_column import feature_column_lib as fc_lib
+from tensorflow.python.ops import control_flow_util
+from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import summary_ops_v2
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.ops import variables as variables_lib
@@ -87,8 +89,10 @@ def replaced(owner, name, value):
   of TF's, summing across shards built one after another,
   `estimator/tpu/replication.py`), and
   `Optimizer.apply_gradients` for synchronous replicas
-  (`estimator/distributed.py`).  `tests/test_tf_internals.py` checks each
-  exists on both lanes.
+  (`estimator/distributed.py`); and a mid-level optimizer's
+  `slot_variable_creation_fn` while `mid_level` makes one copy of each slot
+  under a strategy of several replicas.  `tests/test_tf_internals.py` checks
+  each TF attribute exists on both lanes.
   """
   original = getattr(owner, name)
   setattr(owner, name, value)
@@ -308,3 +312,26 @@ def mid_level_variables(embedding):
 # functions it exports within): tpu_fc's Keras layers then export their CPU
 # lookup, as TF's serving classes do.
 in_saved_model_export = save_context.in_save_context
+
+
+def compiling_with_xla():
+  """Whether the graph being built is compiled by XLA (a `tf.function` with
+  `jit_compile=True`, or within one): ops without an XLA kernel (string
+  formatting) must stay out."""
+  return control_flow_util.GraphOrParentsInXlaContext(
+      tf.compat.v1.get_default_graph())
+
+
+_PLAIN_VARIABLE_ARGS = ('initial_value', 'trainable', 'validate_shape',
+                        'caching_device', 'name', 'dtype', 'constraint',
+                        'synchronization', 'aggregation', 'shape')
+
+
+def plain_variable(strategy, **kwargs):
+  """A variable made from a variable creator's `kwargs` without the creators
+  below (a strategy's, which would make one copy per replica), which
+  `strategy` still counts as created in its scope (Keras checks it)."""
+  return resource_variable_ops.ResourceVariable(
+      distribute_strategy=strategy,
+      **{name: value for name, value in kwargs.items()
+         if name in _PLAIN_VARIABLE_ARGS})

@@ -39,17 +39,10 @@ from tpu_fc import mid_level
 from tpu_fc._tf import tf
 
 
-def _batch_from_input(config: Any) -> Any:
-  """A converted `FeatureConfig` whose output shape is `[None]` (a batch left
-  unknown, one activation per example) without it: on a TPU it would have to be
-  known; the emulation takes each enqueue's batch (`tpu_fc.mid_level`)."""
-  shape = config.output_shape
-  if shape.rank != 1 or shape[0] is not None:
-    return config
-  return tf.tpu.experimental.embedding.FeatureConfig(
-      table=config.table, max_sequence_length=config.max_sequence_length,
-      validate_weights_and_indices=config.validate_weights_and_indices,
-      name=config.name)
+class _EmulatedSparseCore(mid_level.TPUEmbedding):
+  """The host engine behind keras-rs's SparseCore path: TF's `TPUEmbedding`,
+  but dense ids take weights, as a SparseCore's enqueue applies them."""
+  _weighs_dense_ids = True
 
 
 @keras.saving.register_keras_serializable(package='tpu_fc')
@@ -125,16 +118,12 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
           feature_configs, table_stacking, num_replicas_in_sync=1)
     else:
       configs = config_conversion.clone_tf_tpu_feature_configs(feature_configs)
-    self._tpu_feature_configs = tf.nest.map_structure(_batch_from_input,
-                                                      configs)
+    self._tpu_feature_configs = configs
     self._tpu_optimizer = config_conversion.to_tf_tpu_optimizer(
         self._optimizer)
-    self._tpu_embedding = mid_level.TPUEmbedding(
+    self._tpu_embedding = _EmulatedSparseCore(
         self._tpu_feature_configs, self._tpu_optimizer,
         self._pipeline_execution_with_tensor_core)
-    # The engine's input checks format their errors on the host, which XLA
-    # cannot compile: Keras then compiles the model without it.
-    self.supports_jit = False
     self._gradient_trap_dummy = self.add_weight(
         name=distributed_embedding.GRADIENT_TRAP_DUMMY_NAME, shape=(1,),
         initializer='zeros', trainable=True, dtype='float32')

@@ -19,7 +19,9 @@ CPU, and its tables get row (`IndexedSlices`) gradients.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import types
 from typing import Any
 
@@ -28,6 +30,7 @@ from tpu_fc import spec as spec_lib
 from tpu_fc._tf import tf
 from tpu_fc.lookup import host_engine
 from tpu_fc.lookup import inputs
+from tpu_fc.lookup import replicas
 
 
 def _as_a_tpu_creates_them(next_creator, **kwargs):
@@ -96,11 +99,16 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   _check_output_shapes = internals.tpu_check_output_shapes
   _update_output_shapes = internals.tpu_update_output_shapes
   _is_tensor_shape_match = internals.tpu_is_tensor_shape_match
+  # Whether dense ids take weights: TF's TPUEmbedding refuses them, a
+  # SparseCore's enqueue applies them (`tpu_fc.keras_rs`).
+  _weighs_dense_ids = False
 
   def __init__(self, feature_config: Any, optimizer: Any,
                pipeline_execution_with_tensor_core: bool = False,
                num_cores: int = 1):
-    named = internals.flatten_with_joined_string_paths(feature_config)
+    # A single un-nested config has the empty path: its name names it.
+    named = [(path or config.name or 'feature', config) for path, config in
+             internals.flatten_with_joined_string_paths(feature_config)]
     inputs.check_output_shape_configs(named)
     # The config's structure in plain containers, for dequeue's result: an
     # attribute holds it wrapped (TF's tracking), and on TF 2.15 a tf.function
@@ -122,7 +130,10 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     self._engine = None
     self._first_sequence_lengths = {}  # what the first enqueue made of the
     # output shapes (`inputs.mid_level`)
-    self._step = None  # what enqueue looked up, for dequeue / apply_gradients
+    # What this thread's (a replica's) last enqueue looked up, for dequeue and
+    # apply_gradients (a `_Step`, or its `_ReplicaStep`).
+    self._last = threading.local()
+    replicas.check_strategy(tf.distribute.get_strategy())
 
   # Variables -------------------------------------------------------------------
 
@@ -163,9 +174,14 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     self._record_output_shapes(per_replica_input_shapes,
                                per_replica_batch_size)
     inputs.check_output_shapes_defined(self._paths, self._output_shapes,
-                                       unknown_rank_too=every_shape_known)
-    with tf.variable_creator_scope(_as_a_tpu_creates_them):
+                                       every_shape_known)
+    strategy = tf.distribute.get_strategy()
+    with self._one_copy_each(strategy), tf.variable_creator_scope(
+        _as_a_tpu_creates_them):
       super().build()
+    replicas.same_on_every_machine(strategy, [
+        variable for variables in self._variables.values()
+        for variable in variables.values()])
     self._engine = host_engine.HostEmbeddingEngine(
         self._layout, optimization_parameters=None,
         tables={name: v['parameters'] for name, v in self._variables.items()},
@@ -199,10 +215,35 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       self._check_output_shapes(incoming)
       self._update_output_shapes(incoming)
 
+  def _one_copy_each(self, strategy):
+    """Under a strategy of several replicas: one variable per table and slot
+    (`replicas.one_copy_creator`), its slots made here even where the
+    optimizer has a `slot_variable_creation_fn` (a Keras optimizer's, which
+    would make one per replica)."""
+    scope = contextlib.ExitStack()
+    if strategy.num_replicas_in_sync > 1:
+      scope.enter_context(tf.variable_creator_scope(
+          replicas.one_copy_creator(strategy)))
+      for optimizer in {id(table.optimizer): table.optimizer
+                        for table in self._table_config}.values():
+        if optimizer.slot_variable_creation_fn is not None:
+          tf.compat.v1.logging.warning(
+              'Under %s the tables\' slots are tpu_fc\'s, one each, not the '
+              'slot_variable_creation_fn\'s (a Keras optimizer\'s would be '
+              'one per replica).', type(strategy).__name__)
+          scope.enter_context(internals.replaced(
+              optimizer, 'slot_variable_creation_fn', None))
+    return scope
+
   def _maybe_build(self):
-    if not self._built:
-      with tf.init_scope():  # variables outside any tf.function being traced
-        self._build(None, None, every_shape_known=False)
+    if self._built:
+      return
+    context = replicas.replica_context()
+    if context is not None:  # once, for every replica
+      context.merge_call(lambda _: self._maybe_build())
+      return
+    with tf.init_scope():  # variables outside any tf.function being traced
+      self._build(None, None, every_shape_known=False)
 
   def _create_variables_and_slots(self):
     return {table.name: self._create_variables(table, trainable=True)
@@ -229,13 +270,21 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     Builds the object first if needed.  The lookup is TPUEstimator's emulated
     engine's: negative ids are padding.
 
+    Under `MirroredStrategy` or `MultiWorkerMirroredStrategy` each replica
+    is a TPU core (`num_cores` each): called in `strategy.run`, a replica's
+    features are its slice of the global batch; the replicas' inputs are
+    gathered, looked up once, and each replica dequeues its slice.
+
     Args:
       features: a nest like `feature_config` of each feature's ids for the
         whole batch (every emulated core's examples in core order): a dense
         `[batch]` or `[batch, 1]` tensor (one id per example), a
         `SparseTensor` or `RaggedTensor` `[batch, ids]`, a rank-3
-        `SparseTensor` `[batch, n, ids]` or dense `[batch, n, 1]` (TF's
-        high-dimensional inputs, looked up into `[batch, n, dim]`).
+        `SparseTensor` `[batch, n, ids]` or dense `[batch, n, 1]` or
+        `[batch, n]` (one id per position, looked up into `[batch, n, dim]`;
+        `[batch, n]` against an output shape `[batch]`: n ids per example,
+        combined), or one example without a batch dimension (a rank-0 id, a
+        rank-1 SparseTensor; one replica only).
       weights: None, or a nest like `features` of the ids' weights (None
         entries allowed), for sparse and ragged inputs only.
       training: False: a lookup only, which `apply_gradients` refuses to
@@ -243,24 +292,18 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       name, device: TF's; not used (one host).
 
     Raises:
-      ValueError: a strategy with several replicas in sync, a structure other
-        than `feature_config`'s, weights for a dense or sequence input or of
-        another type than their input, a dense input to a sequence feature,
-        an input of another type, rank or dtype than ids (integers), or an
-        input that does not fit the feature's recorded output shape.
+      ValueError: a structure other than `feature_config`'s, weights for a
+        dense or sequence input or of another type than their input, a dense
+        input to a sequence feature, an input of another type, rank or dtype
+        than ids (integers), or an input that does not fit the feature's
+        recorded output shape; a strategy other than those two with several
+        replicas.
       tf.errors.InvalidArgumentError: when the step runs, an id at or above
         its table's vocabulary size, or a batch that does not split into
-        `num_cores`; the message names the feature.
+        the cores; the message names the feature.
     """
     del name, device  # one host
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    if replicas > 1:
-      raise ValueError(
-          'tpu_fc.mid_level.TPUEmbedding trains on the host, as one replica, '
-          'but the strategy has {} replicas in sync: each would update its own '
-          'copy of the tables with part of the batch. Use the default strategy '
-          'or OneDeviceStrategy, and num_cores={} to emulate {} TPU cores.'
-          .format(replicas, replicas, replicas))
+    context = replicas.replica_context()
     self._maybe_build()
     tf.nest.assert_same_structure(self._feature_config, features)
     flat_inputs = dict(zip(self._paths, tf.nest.flatten(features)))
@@ -268,14 +311,29 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if weights is not None:
       tf.nest.assert_same_structure(self._feature_config, weights)
       flat_weights = dict(zip(self._paths, tf.nest.flatten(weights)))
+    if context is None:
+      self._last.step = self._look_up(flat_inputs, flat_weights, training,
+                                      self._num_cores)
+      return
+    every_input, every_weight, slices = replicas.gather_inputs(
+        context, self._paths, flat_inputs, flat_weights)
+    step = context.merge_call(lambda _: self._look_up(
+        every_input, every_weight, training,
+        self._num_cores * context.num_replicas_in_sync))
+    self._last.step = _ReplicaStep(step, slices, context)
+
+  def _look_up(self, flat_inputs, flat_weights, training, num_cores):
+    """The `_Step` of one lookup of the inputs by feature path on
+    `num_cores` cores."""
     enqueued, activations = inputs.mid_level(
         self._layout, self._named, flat_inputs, flat_weights,
-        dict(zip(self._paths, self._output_shapes)), self._num_cores,
-        self._first_sequence_lengths, self._check_output_shapes)
-    lookup_step, lookups = self._engine.activations(enqueued, self._num_cores)
-    self._step = _Step(lookup_step, lookups,
-                       {path: activations[path](lookups[path])
-                        for path in self._paths}, training, _graph())
+        dict(zip(self._paths, self._output_shapes)), num_cores,
+        self._first_sequence_lengths, self._check_output_shapes,
+        dense_weights=self._weighs_dense_ids)
+    lookup_step, lookups = self._engine.activations(enqueued, num_cores)
+    return _Step(lookup_step, lookups,
+                 {path: activations[path](lookups[path])
+                  for path in self._paths}, training, _graph())
 
   @_not_autographed
   def dequeue(self, name: str | None = None) -> Any:
@@ -349,7 +407,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     if any(table.optimizer is None for table in self._table_config):
       raise RuntimeError('apply_gradients needs an optimizer; this TPUEmbedding'
                          ' was created with optimizer=None.')
-    given = {}
+    given = []
     for path, gradient in zip(self._paths, flat_gradients):
       expected = step.activations[path].shape
       if gradient is None:
@@ -360,11 +418,21 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       elif not gradient.shape.is_compatible_with(expected):
         raise ValueError('Found gradient of shape {} at path {}. Expected '
                          'shape {}.'.format(gradient.shape, path, expected))
-      given[path] = tf.reshape(tf.cast(gradient, tf.float32),
-                               tf.shape(step.lookups[path]))
+      given.append(tf.cast(gradient, tf.float32))
+    if isinstance(step, _ReplicaStep):  # every replica's, applied once
+      every = replicas.gather(step.context, given)
+      return step.context.merge_call(
+          lambda _: self._apply_to(step.whole, every))
+    return self._apply_to(step, given)
+
+  def _apply_to(self, step, gradients):
+    """The update of the `_Step` from its activations' gradients (by path)."""
     step.applied = True
-    return self._engine.apply_gradients(step.lookup_step, given,
-                                        pipelined=self._pipelined)
+    return self._engine.apply_gradients(
+        step.lookup_step,
+        {path: tf.reshape(gradient, tf.shape(step.lookups[path]))
+         for path, gradient in zip(self._paths, gradients)},
+        pipelined=self._pipelined)
 
   def _trackable_children(self, *args, **kwargs):
     """The tables and slots; a checkpoint first gets the parked update of
@@ -380,7 +448,7 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
       raise RuntimeError(
           '{} called on unbuilt TPUEmbedding object. Please either call '
           'enqueue first or manually call the build method.'.format(method))
-    step = step or self._step
+    step = step or getattr(self._last, 'step', None)
     if step is None:
       raise RuntimeError('{} called before enqueue: enqueue the step\'s '
                          'features first.'.format(method))
@@ -425,6 +493,21 @@ class _Step:
     self.training = training
     self.graph = graph
     self.applied = False  # one apply_gradients per enqueue, as on a TPU
+
+
+class _ReplicaStep:
+  """One replica's view of a `_Step` of the whole batch (`whole`): its slice
+  of each activation; its gradients go to `whole` through its replica
+  `context`."""
+
+  def __init__(self, whole, slices, context):
+    self.whole = whole
+    self.context = context
+    self.activations = {path: slices[path].of(activation)
+                        for path, activation in whole.activations.items()}
+
+  def __getattr__(self, name):  # training, graph, applied: the whole's
+    return getattr(self.whole, name)
 
 
 def _graph():

@@ -399,6 +399,13 @@ def _adagrad_kernel(parameters, table, slots, ids, g, lr):
       grad=g, indices=ids)
 
 
+def _adagrad_rows(parameters, w, slots, g, lr):
+  """The kernel's arithmetic on the gathered rows (XLA has no sparse kernel)."""
+  del parameters
+  a = slots['accumulators'] + g * g
+  return w - lr * g / tf.sqrt(a), {'accumulators': a}
+
+
 class AdagradParameters(_OptimizationParameters):
   """Adagrad without epsilon: `a += g*g; w -= lr * g / sqrt(a)`.
 
@@ -421,7 +428,7 @@ class AdagradParameters(_OptimizationParameters):
   FEATURE_COLUMNS = True
   MID_LEVEL = KERAS_RS = Twin('Adagrad',
                               initial_accumulator='initial_accumulator_value')
-  RULE = Rule(_adagrad_kernel)
+  RULE = Rule(_adagrad_kernel, _adagrad_rows)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
                initial_accumulator: float = 0.1,
@@ -675,6 +682,11 @@ def _sgd_kernel(parameters, table, slots, ids, g, lr):
                                        updates=lr * g)
 
 
+def _sgd_rows(parameters, w, slots, g, lr):
+  del parameters, slots
+  return w - lr * g, {}
+
+
 class StochasticGradientDescentParameters(_OptimizationParameters):
   """Plain SGD: `w -= lr * g`.  No slots.
 
@@ -690,7 +702,7 @@ class StochasticGradientDescentParameters(_OptimizationParameters):
   """
   FEATURE_COLUMNS = True
   MID_LEVEL = KERAS_RS = Twin('SGD')
-  RULE = Rule(_sgd_kernel)
+  RULE = Rule(_sgd_kernel, _sgd_rows)
 
   def __init__(self, learning_rate: float | Callable[[], Any],
                use_gradient_accumulation: bool = True,

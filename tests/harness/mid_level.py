@@ -15,14 +15,17 @@ MID_LEVEL_OPTIMIZERS = tuple(
     if params.MID_LEVEL is not None)
 
 
-def tpu_embedding(optimizer_name, num_cores, pipelined=False):
+def tpu_embedding(optimizer_name, num_cores, pipelined=False,
+                  output_shape=None):
   """`tpu_fc.mid_level.TPUEmbedding` of the migrated model: one table 'ids'
-  (the column's), trained by `optimizer_name`'s mid-level twin."""
+  (the column's), trained by `optimizer_name`'s mid-level twin; the feature's
+  `output_shape` (per core) as given."""
   table = tf.tpu.experimental.embedding.TableConfig(
       vocabulary_size=models.VOCAB, dim=models.DIM, combiner='mean',
       name='ids', initializer=tf.constant_initializer(models.START))
   return tpu_fc.mid_level.TPUEmbedding(
-      {'ids': tf.tpu.experimental.embedding.FeatureConfig(table=table)},
+      {'ids': tf.tpu.experimental.embedding.FeatureConfig(
+          table=table, output_shape=output_shape)},
       estimators.EMBEDDING_OPTIMIZERS[optimizer_name].to_mid_level(),
       pipeline_execution_with_tensor_core=pipelined, num_cores=num_cores)
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc import reference
 from tpu_fc._tf import tf
 from tpu_fc.lookup import inputs as inputs_lib
@@ -276,7 +277,8 @@ class HostEmbeddingEngine:
               feature.name + inputs_lib.SEQUENCE_LENGTH_SUFFIX: lookup.lengths}
     weights = lookup.weights
     combiner = table.combiner or 'sum'
-    if weights is None:
+    # (XLA gives a tf.cond of branches of other shapes one of unknown size)
+    if weights is None and not internals.compiling_with_xla():
       # One id per example, in example order: each example's row is its
       # activation (a sum of one row, a norm of 1), to the bit.
       one_id_each = _one_id_per_example(examples, lookup.batch)
@@ -484,6 +486,11 @@ class HostEmbeddingEngine:
     return tf.cond(queue.size() > 0, apply, lambda: tf.constant(False))
 
   def _park(self, table, update, step, cores):
+    if internals.compiling_with_xla():
+      raise NotImplementedError(
+          'pipeline_execution_with_tensor_core parks each update in a queue '
+          'until the next step, which XLA cannot compile: train this '
+          'embedding without jit_compile, or without pipelining.')
     queue, _ = self._pending(table, cores)
     with tf.control_dependencies([step.gathered[table.name]]):
       applied = self._apply_parked(table)  # after this step's lookup

@@ -29,6 +29,7 @@ import functools
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
 
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ def as_sparse(name, value, keep_zero_ids, multivalent=False):
   `[batch, position, ids]`, several ids at one position.
   """
   if isinstance(value, tf.RaggedTensor):
-    value = value.to_sparse()
+    value = _ragged_as_sparse(value)
   elif not isinstance(value, tf.SparseTensor):
     value = tf.convert_to_tensor(value)
     if value.shape.rank == 1:
@@ -168,6 +169,20 @@ def as_sparse(name, value, keep_zero_ids, multivalent=False):
   return value
 
 
+def _ragged_as_sparse(value):
+  """A rank-2 RaggedTensor as a SparseTensor; under XLA, which has no kernel
+  of TF's conversion, from its row splits."""
+  if not internals.compiling_with_xla() or value.shape.rank != 2:
+    return value.to_sparse()
+  rows = value.value_rowids()
+  slots = tf.range(tf.size(rows, out_type=rows.dtype)) - tf.gather(
+      value.row_splits, rows)
+  return tf.SparseTensor(
+      tf.cast(tf.stack([rows, slots], axis=1), tf.int64), value.values,
+      tf.cast(tf.stack([value.nrows(), tf.reduce_max(
+          tf.concat([value.row_lengths(), [0]], 0))]), tf.int64))
+
+
 # The mid-level enqueue (TF's TPUEmbedding.enqueue) ------------------------------
 
 
@@ -184,12 +199,17 @@ def check_output_shape_configs(named_configs):
               path, shape))
 
 
-def check_output_shapes_defined(paths, output_shapes, unknown_rank_too):
-  """TF's error for a recorded output shape that is not fully defined; an
-  unknown one (no rank) passes unless `unknown_rank_too` (the feature then
-  takes each enqueue's input shape)."""
+def check_output_shapes_defined(paths, output_shapes, every_shape_known):
+  """TF's error for a recorded output shape that is not fully defined (TF's
+  `build`, with `every_shape_known`); else one of unknown rank or batch
+  passes (tpu_fc's build at the first enqueue: each enqueue's input gives
+  them)."""
   for path, shape in zip(paths, output_shapes):
-    if (shape or unknown_rank_too) and not shape.is_fully_defined():
+    if every_shape_known:
+      known = shape.is_fully_defined()
+    else:
+      known = shape.rank is None or shape[1:].is_fully_defined()
+    if not known:
       raise _not_fully_defined(path, shape)
 
 
@@ -201,7 +221,7 @@ def _not_fully_defined(path, output_shape):
 
 
 def mid_level(layout, configs, values, weights, recorded, num_cores,
-              first_lengths, check_output_shapes):
+              first_lengths, check_output_shapes, dense_weights=False):
   """What a mid-level `enqueue` on `num_cores` cores gives the engine, with
   TF's checks and texts: its `Enqueued`, and {path: a function of the
   feature's looked-up rows giving the activation `dequeue` returns}.
@@ -214,17 +234,22 @@ def mid_level(layout, configs, values, weights, recorded, num_cores,
   against the recorded ones.  `first_lengths` {path: sequence length} keeps
   what the first enqueue made of a recorded output shape (a TPU's build
   fixes it); this call adds its own.  A high-dimensional input's examples
-  are its `[batch, n, ...]` positions, one after another.
+  are its `[batch, n, ...]` positions, one after another.  `dense_weights`:
+  dense ids take weights (a SparseCore's enqueue; TF's TPUEmbedding refuses
+  them).
   """
-  read = {path: _mid_level_shape(path, values[path], config, num_cores)
+  read = {path: _mid_level_shape(path, values[path], config, num_cores,
+                                 recorded[path])
           for path, config in configs.items()}
   check_output_shapes([output_shape for output_shape, _ in read.values()])
+  recorded = {path: _with_batch_given(recorded[path], read[path][0])
+              for path in configs}
   lengths = {path: _sequence_length(path, values[path], config, read[path][1],
                                     recorded[path], num_cores, first_lengths)
              for path, config in configs.items()}
   given = {path: (_mid_level_weights(path, weights[path], values[path], config,
-                                     lengths[path]),
-                  _mid_level_ids(path, values[path], config))
+                                     lengths[path], dense_weights),
+                  _mid_level_ids(path, values[path], config, read[path][1]))
            for path, config in configs.items()}
   features = {}
   for table in layout.tables:
@@ -248,21 +273,42 @@ def mid_level(layout, configs, values, weights, recorded, num_cores,
   return enqueued, activations
 
 
-def _mid_level_shape(path, value, config, num_cores):
+def _with_batch_given(recorded, incoming):
+  """A recorded output shape whose batch is unknown (a keras-rs
+  `FeatureConfig` without one) with the batch of the `incoming` output
+  shape; unknown (no rank) where that leaves it not fully defined."""
+  if recorded.rank and recorded[0] is None and incoming.rank:
+    recorded = incoming[:1].concatenate(recorded[1:])
+  return recorded if recorded.is_fully_defined() else tf.TensorShape(None)
+
+
+def _mid_level_shape(path, value, config, num_cores, recorded):
   """(per-core output shape, examples) of a feature's input on `num_cores`
-  cores, with TF's errors for a type or rank TF's `enqueue` refuses.
+  cores, with TF's errors for a type or rank no TPU's enqueue takes.
 
   The output shape is TF's (its `_get_input_shapes` and
   `_get_output_shapes_from_input_shapes`); `examples` is the static shape
-  (whole batch) of the examples the engine looks up: `[batch]`, or `[batch,
-  n, ...]` for a high-dimensional input, whose ids are combined over its last
-  dimension.  Dense ids hold one id per example and position (`[batch]`,
-  `[batch, 1]`, `[batch, n, 1]`, ...); sparse ones are combined over their
-  last dimension (`[batch, ids]`, `[batch, n, ids]`, ...); ragged ones are
-  `[batch, ids]`.  A rank-2 sparse or ragged input of a sequence feature
-  without an `output_shape` is `[batch, max_sequence_length]`.  A batch that
-  does not split into the cores leaves the per-core batch unknown (the
-  step's check names it).
+  (whole batch) of the examples the engine looks up: `[batch]`, `[batch, n,
+  ...]` for a high-dimensional input, or `[]` for a single example without a
+  batch dimension.  Every TPU generation's forms are taken, each by its
+  arithmetic (`docs/tfrs.md`):
+
+  * dense ids hold one id per example and position: `[batch]`, `[batch, 1]`,
+    `[batch, n, 1]` (TF's TPUEmbedding), `[batch, n]` (a TPU without
+    embedding cores, `TPUEmbeddingV0`, and a SparseCore given that output
+    shape), a rank-0 id (`TPUEmbeddingV0`: one example); but `[batch, n]`
+    read against a `recorded` output shape without its last dimension is
+    `[batch]` examples of n ids, combined by the table's combiner (a
+    SparseCore's `TPUEmbeddingV2`);
+  * sparse ones are combined over their last dimension (`[batch, ids]`,
+    `[batch, n, ids]`, ...; a rank-1 one is one example, as TF's CPU and
+    tensor-core lookups read it);
+  * ragged ones are `[batch, ids]`.
+
+  A rank-2 sparse or ragged input of a sequence feature without an
+  `output_shape` is `[batch, max_sequence_length]`.  A batch that does not
+  split into the cores leaves the per-core batch unknown (the step's check
+  names it).
   """
   if not isinstance(value, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor)):
     raise ValueError('Input {} is of unknown type {}. Please only pass Tensor, '
@@ -275,35 +321,27 @@ def _mid_level_shape(path, value, config, num_cores):
         'from the static shape of the input. Give it a static rank.'.format(
             path))
   if isinstance(value, tf.Tensor):
-    if shape.rank < 1:
-      raise ValueError('Only rank 1 and above dense tensor is supported, find '
-                       'rank {} sparse tensor for input {}'.format(
-                           shape.rank, path))
-    if shape.rank > 1 and shape[-1] != 1:
-      raise ValueError(  # TF's text, naming the input and what to do
-          'Rank 2 or above dense tensor should have last dimension as 1 as the '
-          'last dimension will always be reduced. Instead got dense tensor as '
-          'shape {} (input {}: a dense input holds one id per example and '
-          'position, [batch, ..., 1]; pass a SparseTensor or RaggedTensor to '
-          'combine several ids).'.format(shape.as_list(), path))
-    examples = shape[:-1] if shape.rank > 1 else shape
+    combined = shape.rank > 1 and (
+        shape[-1] == 1 or (recorded and recorded.rank == shape.rank - 1))
+    examples = shape[:-1] if combined else shape
   elif isinstance(value, tf.SparseTensor):
-    if shape.rank < 2:
-      raise ValueError('Only rank 2 and above sparse tensor is supported, find '
-                       'rank {} sparse tensor for input {}'.format(
-                           shape.rank, path))
     examples = shape[:-1]
-    if examples[0] is None:  # (e.g. a dense shape tf.stack-ed of constants)
+    if examples.rank and examples[0] is None:  # (e.g. a dense shape
+      # tf.stack-ed of constants)
       examples = tf.TensorShape([tf.get_static_value(
           value.dense_shape[0])]).concatenate(examples[1:])
   else:
     if shape.rank != 2:
-      raise ValueError('Only rank 2 ragged tensor is supported, find rank {} '
-                       'ragged tensor for input {}'.format(shape.rank, path))
+      raise ValueError(
+          'Only rank 2 ragged tensor is supported, find rank {} ragged tensor '
+          'for input {}: pass [batch, ids] (a ragged row per example), or a '
+          'SparseTensor [batch, n, ids] to look up n bags per example.'.format(
+              shape.rank, path))
     examples = shape[:1]
   output = examples.as_list()
-  output[0] = (output[0] // num_cores
-               if output[0] is not None and output[0] % num_cores == 0 else None)
+  if output:
+    output[0] = (output[0] // num_cores if output[0] is not None and
+                 output[0] % num_cores == 0 else None)
   if (examples.rank == 1 and not isinstance(value, tf.Tensor) and
       not config.output_shape and config.max_sequence_length > 0):
     output.append(config.max_sequence_length)
@@ -319,8 +357,8 @@ def _sequence_length(path, value, config, examples, output_shape, num_cores,
   is then ignored, as TF does), or whose RaggedTensor is read against a
   recorded `output_shape`, takes what that shape makes of its input (TF's
   rule, `_output_sequence_length`), as the first enqueue made it; else a
-  high-dimensional input (`examples` of rank > 1) takes 0, any other its
-  `max_sequence_length`.
+  high-dimensional input or a single example (`examples` of rank other than
+  1) takes 0, any other its `max_sequence_length`.
   """
   if isinstance(value, tf.RaggedTensor) and output_shape and (
       config.output_shape or not config.max_sequence_length):
@@ -328,7 +366,7 @@ def _sequence_length(path, value, config, examples, output_shape, num_cores,
   elif config.output_shape:
     length = 0
   else:
-    return 0 if examples.rank > 1 else config.max_sequence_length
+    return 0 if examples.rank != 1 else config.max_sequence_length
   if path not in first_lengths:
     # (assigned, not setdefault: the dict is its TPUEmbedding's, whose
     # checkpoint refuses a tracked dict changed behind TF's wrapper)
@@ -379,13 +417,15 @@ def _reading(sequence_length):
 @functools.lru_cache(maxsize=None)
 def _log_max_sequence_length_ignored(path, rank):
   tf.compat.v1.logging.warning(  # TF's text, naming the feature
-      'Feature %s: input tensor is rank %d which is above 2, the '
-      'max_sequence_length setting will be ignored.', path, rank)
+      'Feature %s: input tensor is rank %d which is %s 2, the '
+      'max_sequence_length setting will be ignored.', path, rank,
+      'above' if rank > 2 else 'not')
 
 
-def _mid_level_ids(path, value, config):
+def _mid_level_ids(path, value, config, examples):
   """A feature's ids: ragged as given, sparse ones `[examples, ids]`, dense
-  ones one per example."""
+  ones `[examples, ids]` too: one per example, or, where `examples` (from
+  `_mid_level_shape`) drop their last dimension, that dimension's ids."""
   if not value.dtype.is_integer:  # TF's text (its CPU lookup's), naming the input
     raise ValueError(
         'Input {}: the values contained by the inputs have type {} and cannot '
@@ -405,18 +445,26 @@ def _mid_level_ids(path, value, config):
     raise ValueError('Feature {} is a sequence feature but a dense tensor was '
                      'passed.'.format(path))
   ids = tf.reshape(tf.cast(value, tf.int64), [-1])
-  rows = tf.range(tf.size(ids, out_type=tf.int64))
-  return tf.SparseTensor(tf.stack([rows, tf.zeros_like(rows)], axis=1), ids,
-                         tf.stack([tf.size(ids, out_type=tf.int64), 1]))
+  positions = tf.range(tf.size(ids, out_type=tf.int64))
+  if examples.rank == value.shape.rank or value.shape[-1] == 1:
+    width, rows, slots = 1, positions, tf.zeros_like(positions)
+  else:
+    width = tf.shape(value, out_type=tf.int64)[-1]
+    rows, slots = positions // width, positions % width
+  return tf.SparseTensor(tf.stack([rows, slots], axis=1), ids,
+                         tf.stack([tf.size(ids, out_type=tf.int64) // width,
+                                   width]))
 
 
-def _mid_level_weights(path, weight, value, config, sequence_length):
+def _mid_level_weights(path, weight, value, config, sequence_length,
+                       dense_weights):
   """The float32 weights of one feature's ids, or None (TF's checks, texts;
   a sequence feature's are refused as TF's CPU lookup refuses them, also
-  those of an `output_shape` sequence, which TF's CPU lookup drops)."""
+  those of an `output_shape` sequence, which TF's CPU lookup drops).  Those
+  of dense ids only with `dense_weights` (a SparseCore's enqueue)."""
   if weight is None:
     return None
-  if isinstance(value, tf.Tensor):
+  if isinstance(value, tf.Tensor) and not dense_weights:
     raise ValueError('Weight specified for dense input {}, which is not '
                      'allowed. Weight will always be 1 in this case.'.format(
                          path))
@@ -427,6 +475,8 @@ def _mid_level_weights(path, weight, value, config, sequence_length):
   if config.max_sequence_length > 0 or sequence_length:
     raise ValueError('Weight specified for {}, but this is a sequence '
                      'feature.'.format(path))
+  if isinstance(value, tf.Tensor):  # (in the dense ids' order)
+    return tf.reshape(tf.cast(weight, tf.float32), [-1])
   return tf.cast(weight.values, tf.float32)
 
 
@@ -441,7 +491,12 @@ def _mid_level_activation(path, examples, output_shape, length, num_cores):
   optimized away on them); they take that output shape (the cores' outputs
   one after another), or a high-dimensional input's `[batch, n, ..., dim]`.
   """
-  shape = [-1] + examples[1:].as_list() if examples.rank > 1 else None
+  # (a single example's one row is its activation, without a batch dimension)
+  shape = {0: [], 1: None}.get(examples.rank, [-1] + examples[1:].as_list())
+  # Every dimension the input gives statically, as a TPU's dequeue gives them
+  # (its enqueue records the output shapes from the input).
+  static = examples.as_list() + ([length] if examples.rank == 1 and length
+                                 else [])
   if output_shape:
     expected = num_cores * output_shape.num_elements() // max(length, 1)
     mismatch = (
@@ -450,7 +505,7 @@ def _mid_level_activation(path, examples, output_shape, length, num_cores):
         'it.'.format(path, output_shape, expected // num_cores, num_cores))
     if examples.num_elements() not in (None, expected):
       raise ValueError(mismatch.format(examples.num_elements()))
-    shape = [num_cores * output_shape[0]] + output_shape[1:].as_list()
+    shape = static = [num_cores * output_shape[0]] + output_shape[1:].as_list()
   positions = examples[1:].num_elements() or 1  # (per example)
 
   def activation(rows_looked_up):
@@ -466,6 +521,7 @@ def _mid_level_activation(path, examples, output_shape, length, num_cores):
     if shape is not None:
       rows_looked_up = tf.reshape(
           rows_looked_up, shape + rows_looked_up.shape[-1:].as_list())
+    rows_looked_up.set_shape(static + rows_looked_up.shape[-1:].as_list())
     return tf.stop_gradient(rows_looked_up)
 
   return activation
@@ -569,7 +625,11 @@ def input_check(ok, message_fn):
 
   The message is built only when the check fails; the op's name
   (`INPUT_CHECK_NAME`) lets the driver show it alone, without TF's listing.
+  XLA compiles asserts away and formats no strings: a compiled step has only
+  the checks made while it is traced.
   """
+  if internals.compiling_with_xla():
+    return tf.no_op()
   return tf.cond(ok, tf.no_op, lambda: tf.raw_ops.Assert(
       condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
 

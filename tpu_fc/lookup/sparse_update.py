@@ -19,6 +19,9 @@ slot) except non-lazy Adam, which by definition updates every row: once a
 resource variable has had a sparse access every dense read copies the whole
 buffer (PERFORMANCE_NOTES).
 
+XLA (`jit_compile=True`) compiles no sparse training kernel: there the gathered
+formulas run, which every mid-level optimizer has.
+
 Where a kernel departs from the reference it is not used (the `Rule` says where):
 * `ResourceSparseApplyProximalAdagrad` rejects `lr <= 0` (InvalidArgument),
   `ResourceSparseApplyFtrlV2` too (`lr < 0` with multiply_linear_by_lr, whose
@@ -265,6 +268,13 @@ def apply_sparse_update(parameters, table_variable, slot_variables, unique_ids,
     def with_kernel():
       return _kernel_step(rule.kernel, *args, ids, g, lr)
 
+    if internals.compiling_with_xla():
+      if rule.rows is None:  # (no mid-level optimizer's: they all have rows)
+        raise NotImplementedError(
+            '{} has no update XLA can compile (TF\'s sparse training kernels '
+            'have no XLA kernel); train its tables without jit_compile.'
+            .format(type(parameters).__name__))
+      return with_rows()
     if rule.kernel is None or not rule.kernel_is_exact(parameters):
       return with_rows()
     if not rule.kernel_needs_positive_lr:
