@@ -10,6 +10,13 @@ import pytest
 
 from harness import lanes
 from harness import scripts
+from tpu_fc._tf import tf
+
+# Two logical CPUs, the devices of the tests' MirroredStrategy (its replicas
+# as TPU cores), made before TensorFlow makes its devices.
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices('CPU')[0],
+    [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
 def pytest_collection_modifyitems(items):

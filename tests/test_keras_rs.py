@@ -24,6 +24,7 @@ from tpu_fc import checkpoint_conversion as conversion  # noqa: E402  pylint: di
 from tpu_fc._tf import tf  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 from harness import checkpoints  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from harness import mid_level  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from harness import models  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 fc = tf.feature_column
@@ -148,13 +149,17 @@ def _loss(labels, activations):
   return tf.reduce_sum(labels * activations, axis=-1)
 
 
-def _fit(layer, model_optimizer, steps=2, **compile_options):
-  """`steps` of `model.fit` on IDS; the model's output is the activation."""
-  inputs = {'a': keras.Input(shape=(None,), ragged=True, dtype='int64',
+def _fit(layer, model_optimizer, steps=2, padded=False, **compile_options):
+  """`steps` of `model.fit` on IDS (`padded`: dense, padded with -1, which a
+  SparseCore combines per example as it does the ragged ones: Keras
+  distributes no RaggedTensor over replicas); the model's output is the
+  activation."""
+  inputs = {'a': keras.Input(shape=(None,), ragged=not padded, dtype='int64',
                              name='a')}
   model = keras.Model(inputs, layer(inputs)['a'])
   model.compile(optimizer=model_optimizer, loss=_loss, **compile_options)
-  dataset = tf.data.Dataset.from_tensors(({'a': _ids()}, C)).repeat(steps)
+  ids = _ids().to_tensor(-1) if padded else _ids()
+  dataset = tf.data.Dataset.from_tensors(({'a': ids}, C)).repeat(steps)
   model.fit(dataset, verbose=0)
   return model
 
@@ -223,6 +228,45 @@ def test_a_custom_loop_trains_the_tables_by_their_optimizers_tpu_rules(name):
   gradients = _loop(layer)
   _assert_tpu_rule(layer, name)
   np.testing.assert_array_equal(gradients[0], [0.])  # the dummy's
+
+
+@pytest.mark.parametrize('train_by', ['fit', 'loop'])
+@pytest.mark.parametrize('name', ['sgd', 'adagrad'])
+def test_two_replicas_train_as_one(name, train_by):
+  """MirroredStrategy over two devices, each replica a TPU core with two of
+  the four examples: the tables and slots of one replica on the same
+  batches, the TPU rule (the model's optimizer another kind: SGD of rate 0,
+  whose every step would move a Keras table nowhere); one copy of the
+  table."""
+  strategy = mid_level.mirrored()
+  with strategy.scope():
+    layer = tpu_fc_keras_rs.DistributedEmbedding(_feature_configs(
+        RULES[name][0]()))
+    if train_by == 'fit':
+      _fit(layer, keras.optimizers.Adam(0.0), padded=True)
+    else:
+      _replicated_loop(strategy, layer)
+  _assert_tpu_rule(layer, name)
+  for variable in layer._emulated_variables().values():  # pylint: disable=protected-access
+    assert len(strategy.experimental_local_results(variable)) == 1
+
+
+def _replicated_loop(strategy, layer, steps=2):
+  """keras-rs's custom loop on several replicas: each replica's loss on its
+  share of the batch, scaled to the global batch; the gradient of the
+  layer's trainable variables (its dummy) computed, nothing applied."""
+  dataset = tf.data.Dataset.from_tensors(({'a': _ids()}, C)).repeat(steps)
+  batches = iter(strategy.experimental_distribute_dataset(dataset))
+
+  def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.nn.compute_average_loss(_loss(labels, layer(features)['a']),
+                                        global_batch_size=len(IDS))
+    return tape.gradient(loss, layer.trainable_variables)
+
+  step = tf.function(lambda batch: strategy.run(replica_step, args=batch))
+  for _ in range(steps):
+    step(next(batches))
 
 
 def test_an_eager_custom_loop_trains_as_a_traced_one():

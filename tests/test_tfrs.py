@@ -17,38 +17,21 @@ import tpu_fc
 from tpu_fc import checkpoint_conversion as conversion
 from tpu_fc._tf import tf
 
+from harness import mid_level
 from harness import scripts
 from harness.checkpoints import OPTIMIZERS, checkpoint_values, make_spec, train
 
 tfrs = pytest.importorskip('tensorflow_recommenders')
 from tpu_fc import tfrs as tpu_fc_tfrs  # pylint: disable=g-import-not-at-top,g-bad-import-order
+from harness.tfrs import (ADAGRAD_START, ADAM, DIM, FTRL, IDS, KERAS_EPSILON,  # pylint: disable=g-import-not-at-top,g-bad-import-order
+                          KERNEL, LABELS, MODEL_LR, OPTIMIZER_ARGS, DENSE_X,
+                          START, VOCAB, embedding, guide_data, guide_model,
+                          sparse_ids)
 
-embedding = tf.tpu.experimental.embedding
-
-# The guide's data, two examples: dense features, ids (mean-combined), labels.
-DENSE_X = np.array([[1.0, 1.5], [0.5, -1.0]])
-IDS = ([1, 4], [4])
-LABELS = np.array([[0.3], [-0.2]])
-VOCAB, DIM = 6, 2
-START = (np.arange(VOCAB * DIM).reshape(VOCAB, DIM) - 5.0) / 8
-KERNEL = np.array([[0.5], [-0.25], [1.0], [-0.5]])  # Dense(1): 2 dense + 2 emb
-MODEL_LR = 0.05  # the model's Keras Adagrad, as in the guide
-ADAGRAD_START, KERAS_EPSILON = 0.1, 1e-7  # its defaults
 TOL = dict(rtol=1e-5, atol=1e-6)  # float32 of a few terms, two steps
 
-# The embedding optimizers (TF's mid-level) and their TPU rules by hand: one
-# row's (w, slots, summed gradient g) -> (w, slots); slots start as given.
-FTRL = dict(learning_rate=0.1, learning_rate_power=-0.5,
-            initial_accumulator_value=0.1, l1_regularization_strength=0.01,
-            l2_regularization_strength=0.05, beta=0.2)
-ADAM = dict(learning_rate=0.1, beta_1=0.9, beta_2=0.99, epsilon=1e-3)
-OPTIMIZER_ARGS = {
-    'sgd': (embedding.SGD, dict(learning_rate=0.1)),
-    'adagrad': (embedding.Adagrad, dict(learning_rate=0.1,
-                                        initial_accumulator_value=0.2)),
-    'adam': (embedding.Adam, ADAM),
-    'ftrl': (embedding.FTRL, FTRL),
-}
+# The embedding optimizers' TPU rules by hand: one row's (w, slots, summed
+# gradient g) -> (w, slots); slots start as given.
 
 
 def tpu_sgd(w, slots, g):
@@ -146,45 +129,6 @@ def expected_guide(rule, steps=2):
     kernel, kernel_slots = keras_adagrad(kernel, kernel_slots, d_kernel)
     bias, bias_slots = keras_adagrad(bias, bias_slots, d_bias)
   return table, kernel, bias
-
-
-def sparse_ids(examples, dtype=tf.int32):
-  return tf.SparseTensor(
-      [[b, j] for b, ids in enumerate(examples) for j in range(len(ids))],
-      tf.constant([i for ids in examples for i in ids], dtype),
-      [len(examples), max(len(ids) for ids in examples)])
-
-
-def guide_data():
-  features = {'dense_feature': tf.constant(DENSE_X, tf.float32),
-              'sparse_feature': sparse_ids(IDS)}
-  return features, tf.constant(LABELS, tf.float32)
-
-
-def guide_model(embedding_optimizer, layer_class=None, model_optimizer=None):
-  """The migration guide's TF2 program (TF's `tpu_embedding` guide), with its
-  embedding optimizer apart from the model's Adagrad (or `model_optimizer`);
-  (model, layer)."""
-  layer_class = layer_class or tfrs.layers.embedding.TPUEmbedding
-  dense_input = tf.keras.Input(shape=(2,), dtype=tf.float32, batch_size=2)
-  sparse_input = tf.keras.Input(shape=(), dtype=tf.int32, batch_size=2)
-  layer = layer_class(
-      feature_config=embedding.FeatureConfig(
-          table=embedding.TableConfig(
-              vocabulary_size=VOCAB, dim=DIM, name='table',
-              initializer=tf.constant_initializer(START)),
-          name='sparse_input'),
-      optimizer=embedding_optimizer)
-  inputs = tf.keras.layers.Concatenate(axis=1)([dense_input, layer(sparse_input)])
-  result = tf.keras.layers.Dense(
-      1, kernel_initializer=tf.constant_initializer(KERNEL))(inputs)
-  model = tf.keras.Model(inputs={'dense_feature': dense_input,
-                                 'sparse_feature': sparse_input},
-                         outputs=result)
-  model.compile(model_optimizer or
-                tf.keras.optimizers.legacy.Adagrad(learning_rate=MODEL_LR),
-                'mse', steps_per_execution=2)
-  return model, layer
 
 
 def fit(model, steps=2):
@@ -322,6 +266,59 @@ def tables_by_name(model):
   layer = model._embedding_layer  # pylint: disable=protected-access
   return {config.name: table
           for config, table in layer.tpu_embedding.embedding_tables.items()}
+
+
+def replicated_loop(strategy, model, steps):
+  """TF's custom loop on several replicas: `strategy.run` of each replica's
+  step on its share of the global batches, its loss scaled by
+  `compute_average_loss` to the global batch."""
+  dataset = tf.data.Dataset.from_tensors(guide_data()).repeat(steps)
+  batches = iter(strategy.experimental_distribute_dataset(dataset))
+
+  def replica_step(features, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.nn.compute_average_loss(
+          tf.keras.losses.mean_squared_error(labels, model(features)),
+          global_batch_size=len(IDS))
+    grads = tape.gradient(loss, model.trainable_variables)
+    model.optimizer.apply_gradients(zip(grads, model.trainable_variables))
+
+  step = tf.function(lambda batch: strategy.run(replica_step, args=batch))
+  for _ in range(steps):
+    step(next(batches))
+
+
+@pytest.mark.parametrize('train_by', ['fit', 'loop'])
+@pytest.mark.parametrize('name', ['sgd', 'adagrad'])
+def test_the_guides_program_on_two_replicas_trains_as_on_one(
+    installed, name, train_by, tmp_path):
+  """MirroredStrategy over two devices, each replica a TPU core with one
+  example of each global batch: three steps end with the table and slots of
+  one replica on the same batches (the embedding optimizer's TPU rule by
+  hand) and the dense layer of the model's Adagrad; one copy of the table;
+  its checkpoint restores into a one-replica model."""
+  del installed
+  strategy = mid_level.mirrored()
+  cls, args = OPTIMIZER_ARGS[name]
+  with strategy.scope():
+    model, layer = guide_model(cls(**args), batch_size=None)
+  if train_by == 'fit':
+    model.fit(tf.data.Dataset.from_tensors(guide_data()).repeat(3),
+              epochs=1, steps_per_epoch=3, verbose=0)
+  else:
+    replicated_loop(strategy, model, steps=3)
+  want, kernel, bias = expected_guide(TPU_RULES[name], steps=3)
+  state = layer_state(layer)
+  assert_trained_by(dict(state), want, expected_guide(MODEL_RULE, steps=3)[0])
+  np.testing.assert_allclose(model.layers[-1].kernel.numpy(), kernel, **TOL)
+  np.testing.assert_allclose(model.layers[-1].bias.numpy(), bias, **TOL)
+  for variable in layer._tpu_embedding._variables['table'].values():  # pylint: disable=protected-access
+    assert len(strategy.experimental_local_results(variable)) == 1
+  saved = tpu_fc_tfrs.save(layer, str(tmp_path), global_step=3)
+  _, single = guide_model(cls(**args))
+  assert tpu_fc_tfrs.restore(single, saved) == 3
+  for key, value in layer_state(single).items():
+    np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
 def test_tfrs_own_layer_trains_its_table_by_the_models_optimizer():

@@ -114,8 +114,10 @@ class DistributedEmbedding(keras_rs.layers.DistributedEmbedding):
     self._using_keras_rs_configuration = isinstance(
         first, keras_rs.layers.FeatureConfig)
     if self._using_keras_rs_configuration:
+      # (the output shapes per replica, each a TPU core, as keras-rs has them)
       configs, _ = config_conversion.keras_to_tf_tpu_configuration(
-          feature_configs, table_stacking, num_replicas_in_sync=1)
+          feature_configs, table_stacking, num_replicas_in_sync=(
+              tf.distribute.get_strategy().num_replicas_in_sync))
     else:
       configs = config_conversion.clone_tf_tpu_feature_configs(feature_configs)
     self._tpu_feature_configs = configs

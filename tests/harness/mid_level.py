@@ -1,5 +1,6 @@
 """The contract model migrated to `tpu_fc.mid_level`: its `TPUEmbedding` and
 training loop (each core's loss scaled as `CrossShardOptimizer` scales it)."""
+import functools
 import tempfile
 
 import tpu_fc
@@ -74,3 +75,12 @@ def train(embedding, kind, steps, num_cores, function=True, squared=False):
   return (next(iter(table.values())).numpy(),
           {slot: variables[slot].numpy() for slot in variables
            if slot != 'parameters'})
+
+
+@functools.lru_cache(maxsize=None)
+def mirrored():
+  """`MirroredStrategy` over this process's two logical CPUs
+  (tests/conftest.py): two replicas, each a TPU core.  One for all tests, as
+  a program has one: TF keys the collectives of every strategy over the same
+  devices alike, so a second one's would meet the first's."""
+  return tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])

@@ -387,10 +387,15 @@ def _output_sequence_length(path, shape, value, num_cores):
   TF's rule (its CPU lookups'; a TPU reads the shape alike): a RaggedTensor
   whose per-core batch is the output size is combined per example (0); one
   whose per-core batch divides a larger output size is a sequence of output
-  size / batch ids per example (cut or padded to it).
+  size / batch ids per example (cut or padded to it).  A batch not known
+  until the step (a replica's share) is read against a rank-1 shape as one
+  activation per example.
   """
   size = shape.num_elements()
   batch = value.shape[0]
+  if batch is None and shape.rank == 1:
+    return 0  # (one activation per example: no other reading has rank 1;
+    # the step checks the examples' count)
   if batch is None:
     raise ValueError(
         'Feature {}: its output_shape {} is read against the batch size of its '
