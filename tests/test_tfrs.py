@@ -8,13 +8,18 @@ rule on the rows, which TFRS's own layer applies on the CPU (shown too).
 TFRS runs on the latest lane only.
 """
 import functools
+import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import tpu_fc
 from tpu_fc import checkpoint_conversion as conversion
+from tpu_fc import local_network
 from tpu_fc._tf import tf
 
 from harness import mid_level
@@ -319,6 +324,43 @@ def test_the_guides_program_on_two_replicas_trains_as_on_one(
   assert tpu_fc_tfrs.restore(single, saved) == 3
   for key, value in layer_state(single).items():
     np.testing.assert_array_equal(value, state[key], err_msg=key)
+
+
+@pytest.mark.subprocess
+def test_the_guides_program_on_two_machines_trains_as_on_one():
+  """MultiWorkerMirroredStrategy, two worker processes (TF's collectives on
+  a loopback of their own; killed if they outlive 4 minutes), one example of
+  each global batch each: both end with the same table and slots, those of
+  one replica on the same batches (the TPU's SGD by hand), one copy each."""
+  holder = local_network.holder()
+  if holder.pid is None:
+    pytest.skip('no network namespace on this machine: ' + holder.reason)
+  cluster = {'worker': ['127.0.0.1:{}'.format(port) for port in (23456,
+                                                                  23457)]}
+  workers = [scripts.popen_python(
+      local_network.task_command(
+          [sys.executable, os.path.join(scripts.SCRIPTS,
+                                        'multi_worker_tfrs.py'), 'sgd', '3'],
+          holder.pid)[1:],
+      env=scripts.env(TF_CONFIG=json.dumps(
+          {'cluster': cluster, 'task': {'type': 'worker', 'index': index}})),
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for index in range(2)]
+  try:
+    outputs = [worker.communicate(timeout=240) for worker in workers]
+  finally:
+    for worker in workers:
+      worker.kill()
+    holder.stop()
+  for worker, (_, stderr) in zip(workers, outputs):
+    assert worker.returncode == 0, stderr[-3000:]
+  first, second = [json.loads(stdout.splitlines()[-1])
+                   for stdout, _ in outputs]
+  assert first == second
+  want, kernel, _ = expected_guide(TPU_RULES['sgd'], steps=3)
+  assert first.pop('copies') == [1]
+  np.testing.assert_allclose(first['table'], want.w, **TOL)
+  np.testing.assert_allclose(first['kernel'], kernel, **TOL)
 
 
 def test_tfrs_own_layer_trains_its_table_by_the_models_optimizer():

@@ -18,6 +18,7 @@ refused at once.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tpu_fc import _tf_internals as internals
@@ -71,17 +72,16 @@ def one_copy_creator(strategy: Any):
 
 def same_on_every_machine(strategy: Any, variables: list[tf.Variable]) -> None:
   """Gives every worker's copy of `variables` the first replica's values,
-  with one all-reduce (each machine's initializer drew its own)."""
+  with an all-reduce each (each machine's initializer drew its own)."""
   if (strategy.num_replicas_in_sync == 1 or
       strategy.num_replicas_in_sync == len(strategy.extended.worker_devices)):
     return  # one machine
-  firsts = strategy.experimental_distribute_values_from_function(
-      lambda context: [
-          variable.read_value() if context.replica_id_in_sync_group == 0 else
-          tf.zeros_like(variable) for variable in variables])
-  for variable, value in zip(variables, strategy.reduce(
-      tf.distribute.ReduceOp.SUM, firsts, axis=None)):
-    variable.assign(value)
+  for variable in variables:
+    first = strategy.experimental_distribute_values_from_function(
+        lambda context, variable=variable: variable.read_value()
+        if context.replica_id_in_sync_group == 0 else tf.zeros_like(variable))
+    variable.assign(strategy.reduce(tf.distribute.ReduceOp.SUM, first,
+                                    axis=None))
 
 
 class Slice:
@@ -132,8 +132,8 @@ def gather_inputs(context: Any, paths: list[str], values: dict[str, Any],
           'Input {}: a rank-1 SparseTensor is one example, which cannot be '
           'split over the replicas of the strategy, each a TPU core: give it '
           'a batch dimension, [batch, ids].'.format(path))
-  every = context.all_gather(
-      tf.stack([batches[path][0] for path in paths])[tf.newaxis], axis=0)
+  every = _all_gather(context, tf.stack([batches[path][0]
+                                         for path in paths])[tf.newaxis])
   offsets = tf.math.cumsum(every, axis=0, exclusive=True)[
       context.replica_id_in_sync_group]
   replicas = context.num_replicas_in_sync
@@ -152,7 +152,7 @@ def gather_inputs(context: Any, paths: list[str], values: dict[str, Any],
 def _gathered(context, value, offset, whole):
   """`value` of every replica, its rows at `offset` in the global batch of
   `whole` rows (None: not static)."""
-  gather = lambda tensor: context.all_gather(tensor, axis=0)  # noqa: E731
+  gather = functools.partial(_all_gather, context)
   if isinstance(value, tf.RaggedTensor):
     return tf.RaggedTensor.from_row_lengths(
         gather(value.values), gather(value.row_lengths()), validate=False)
@@ -172,4 +172,14 @@ def _gathered(context, value, offset, whole):
 def gather(context: Any, tensors: list[Any]) -> list[Any]:
   """Each tensor of every replica, concatenated in replica order (the
   activation gradients of the global batch)."""
-  return [context.all_gather(tensor, axis=0) for tensor in tensors]
+  return [_all_gather(context, tensor) for tensor in tensors]
+
+
+def _all_gather(context, tensor):
+  """The strategy's `all_gather` along the batch.  A tensor placed nowhere
+  (the one replica of a machine of several, built without a device scope)
+  goes to the replica's device first: TF gathers to the tensor's device."""
+  if not tensor.device:
+    with tf.device(tf.distribute.get_strategy().extended.worker_devices[0]):
+      tensor = tf.identity(tensor)
+  return context.all_gather(tensor, axis=0)
