@@ -395,6 +395,29 @@ def test_step7_keras_rs_trains_as_the_estimator(trained, trained_further,
                         tf.train.latest_checkpoint(str(keras_rs_dir)))
 
 
+@pytest.mark.subprocess
+def test_step8_two_replicas_continue_as_the_estimator(trained, trained_further,
+                                                      work_dir):
+  """Step 6's model on two devices (MirroredStrategy, each replica a TPU
+  core with half of each global batch), run as a script: 5 steps of
+  `model.fit` give the tables, slots and global step the estimator's 5 more
+  give, as step 6's one replica does."""
+  pytest.importorskip('tensorflow_recommenders')
+  model_dir, _ = trained
+  scaled = work_dir / 'scaled'
+  run_example('step8_scale_out.py', '--model_dir', model_dir,
+              '--train_steps', str(MORE_STEPS), '--devices', '2',
+              '--save_dir', str(scaled))
+  back = _embedding_variables(_converted_back(scaled, work_dir))
+  estimator_dir, _ = trained_further
+  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
+  assert sorted(back) == sorted(expected)
+  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
+  for name, value in expected.items():
+    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
+                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+
+
 def test_guide_links_every_example():
   with open(os.path.join(GUIDE, 'README.md')) as readme:
     text = readme.read()
