@@ -36,19 +36,19 @@ def _replica_ids(kind):
   return ids
 
 
-def _replicated(optimizer, kind):
+def _replicated(optimizer, kind, pipelined=False):
   """(strategy, its embedding: one table 'ids', one core a replica; dense
   padded ids are combined against an output shape of the replica's
   examples)."""
   strategy = mid_level.mirrored()
   with strategy.scope():
     embedding = mid_level.tpu_embedding(
-        optimizer, 1, output_shape=[len(inputs.IDS) // REPLICAS]
+        optimizer, 1, pipelined, output_shape=[len(inputs.IDS) // REPLICAS]
         if kind == 'dense' else None)
   return strategy, embedding
 
 
-def _train(strategy, embedding, kind, steps, function=True):
+def _train(strategy, embedding, kind, steps, function=True, squared=False):
   """`steps` of the migrated loop in `strategy.run`: each replica's loss on
   its examples, scaled as `CrossShardOptimizer` scales a core's; the
   activations each replica dequeued, by step."""
@@ -64,7 +64,7 @@ def _train(strategy, embedding, kind, steps, function=True):
     with tf.GradientTape() as tape:
       activations = embedding.dequeue()
       tape.watch(activations)
-      loss = models.contract_loss(activations['ids']) / REPLICAS
+      loss = models.contract_loss(activations['ids'], squared) / REPLICAS
     embedding.apply_gradients(tape.gradient(loss, activations))
     return activations['ids']
 
@@ -134,6 +134,27 @@ def test_no_replica_sees_an_update_of_its_own_step():
     np.testing.assert_allclose(
         activations, [table[ids].mean(axis=0) for ids in inputs.IDS],
         rtol=1e-6, atol=1e-7)
+
+
+def test_pipelined_replicas_train_as_pipelined_cores(tmp_path):
+  """Pipelined execution: each step's update lands after the next step's
+  lookup, on two replicas as on one replica's two cores (a loss whose
+  gradient is the activation sees which rows a lookup read); a checkpoint
+  applies the parked one."""
+  def trained(pipelined):
+    strategy, embedding = _replicated('adagrad', 'ragged', pipelined)
+    _train(strategy, embedding, 'ragged', steps=3, squared=True)
+    tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'ckpt'))
+    return _table_and_slots(embedding)
+
+  table, slots = trained(pipelined=True)
+  one_table, one_slots = mid_level.train(
+      mid_level.tpu_embedding('adagrad', 2, True), 'ragged', 3, 2,
+      squared=True)
+  np.testing.assert_allclose(table, one_table, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(slots['accumulators'], one_slots['accumulators'],
+                             rtol=1e-6, atol=1e-7)
+  assert not np.allclose(table, trained(pipelined=False)[0], atol=1e-4)
 
 
 def test_a_checkpoint_moves_between_replicas_and_one(tmp_path):
