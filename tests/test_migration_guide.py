@@ -318,13 +318,8 @@ def test_step6_tfrs_model_continues_as_the_estimator_and_converts_back(
   assert np.abs(after_fit - predictions).max() > 1e-3  # it did train
   np.testing.assert_allclose(after_fit, after_estimator, rtol=0,
                              atol=LOOP_ATOL)
-  back = _embedding_variables(_converted_back(work_dir / 'tfrs', work_dir))
-  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
-  assert sorted(back) == sorted(expected)
-  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
-  for name, value in expected.items():
-    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
-                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+  _assert_converted_back_as_the_estimator(work_dir / 'tfrs', work_dir,
+                                          estimator_dir)
 
   # As a plain script (its own `tpu_fc.install()`), it trains as imported.
   run_example('step6_tfrs.py', '--model_dir', model_dir, '--train_steps',
@@ -332,6 +327,20 @@ def test_step6_tfrs_model_continues_as_the_estimator_and_converts_back(
   assert_same_variables(tf.train.latest_checkpoint(str(work_dir /
                                                        'tfrs_by_script')),
                         tf.train.latest_checkpoint(str(work_dir / 'tfrs')))
+
+
+def _assert_converted_back_as_the_estimator(mid_level_dir, work_dir,
+                                            estimator_dir):
+  """A save of MORE_STEPS more steps, converted back, holds the tables,
+  slots and global step of the estimator's MORE_STEPS more (the step-4
+  loop's bounds)."""
+  back = _embedding_variables(_converted_back(mid_level_dir, work_dir))
+  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
+  assert sorted(back) == sorted(expected)
+  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
+  for name, value in expected.items():
+    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
+                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
 
 
 def _converted_back(mid_level_dir, work_dir):
@@ -408,14 +417,8 @@ def test_step8_two_replicas_continue_as_the_estimator(trained, trained_further,
   run_example('step8_scale_out.py', '--model_dir', model_dir,
               '--train_steps', str(MORE_STEPS), '--devices', '2',
               '--save_dir', str(scaled))
-  back = _embedding_variables(_converted_back(scaled, work_dir))
-  estimator_dir, _ = trained_further
-  expected = _embedding_variables(tf.train.latest_checkpoint(estimator_dir))
-  assert sorted(back) == sorted(expected)
-  assert back['global_step'] == TRAIN_STEPS + MORE_STEPS
-  for name, value in expected.items():
-    np.testing.assert_allclose(back[name], value, rtol=LOOP_VARIABLES_RTOL,
-                               atol=LOOP_VARIABLES_ATOL, err_msg=name)
+  _assert_converted_back_as_the_estimator(scaled, work_dir,
+                                          trained_further[0])
 
 
 def test_guide_links_every_example():

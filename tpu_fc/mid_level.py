@@ -61,8 +61,12 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
   later; tpu_fc lets it vary, e.g. for an evaluation batch).
 
   A step is `enqueue` -> `dequeue` -> `apply_gradients`, eagerly or in one
-  `tf.function`, under the default strategy or `OneDeviceStrategy`.  Its
-  checkpoint (`tf.train.Checkpoint(embedding=...)`) is TF's class's.
+  `tf.function` (XLA-compiled too), under the default strategy or
+  `OneDeviceStrategy`; or in `strategy.run` of `MirroredStrategy` or
+  `MultiWorkerMirroredStrategy`, each replica a TPU core of one TPU: one
+  copy of each table, one lookup and one update a step for all of them
+  (`tpu_fc.lookup.replicas`).  Its checkpoint
+  (`tf.train.Checkpoint(embedding=...)`) is TF's class's.
 
   Args:
     feature_config: a nest (dict, list, ...) of
@@ -75,16 +79,18 @@ class TPUEmbedding(internals.TPUEmbeddingBase):
     pipeline_execution_with_tensor_core: as on a TPU, step N+1 looks up
       before step N's update lands (it is applied right after that lookup); a
       checkpoint save applies a parked update first.
-    num_cores: the TPU cores to emulate (tpu_fc's own): the batch is split
-      over them as `TPUStrategy` would; their gradients of a row are summed
-      into one update, or, with the optimizer's
-      `use_gradient_accumulation=False`, applied one core after another, the
-      core holding the id first.
+    num_cores: the TPU cores to emulate (tpu_fc's own; per replica under a
+      strategy of several): the batch is split over them as `TPUStrategy`
+      would; their gradients of a row are summed into one update, or, with
+      the optimizer's `use_gradient_accumulation=False`, applied one core
+      after another, the core holding the id first.
 
   Raises:
     ValueError: an optimizer that is no mid-level one, two tables of one
       name, a `FeatureConfig.output_shape` without a batch dimension or
-      without an example, or `num_cores` not a positive int.
+      without an example, `num_cores` not a positive int, or a strategy of
+      several replicas other than `MirroredStrategy` and
+      `MultiWorkerMirroredStrategy` (naming it).
     NotImplementedError: a table the host engine cannot train: a combiner
       other than 'mean', 'sum' or 'sqrtn' (e.g. TF 2.21's `CustomCombiner`),
       or an optimizer other than those five.

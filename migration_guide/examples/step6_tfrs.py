@@ -87,14 +87,30 @@ def main(argv=None):
   model, global_step = restored_model(args.model_dir)
   print('restored global step', global_step)
   if args.train_steps:
-    model.compile(optimizer=tf.keras.optimizers.SGD(DENSE_LEARNING_RATE),
-                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-    batches = step1_train.train_input_fn({'batch_size': step1_train.TRAIN_BATCH})
-    model.fit(batches, epochs=1, steps_per_epoch=args.train_steps, verbose=0)
-    global_step += args.train_steps
-  if args.save_dir:
-    print('saved', tpu_fc.tfrs.save(model.embedding, args.save_dir,
-                                    global_step))
+    compile_model(model)
+    global_step = fit(model, global_step, args.train_steps)
+  return save_and_predict(model, global_step, args.save_dir)
+
+
+def compile_model(model):
+  """The model_fn's SGD for the dense layers, its loss."""
+  model.compile(optimizer=tf.keras.optimizers.SGD(DENSE_LEARNING_RATE),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def fit(model, global_step, steps):
+  """`steps` of `model.fit` on step 1's training batches; the global step
+  after them."""
+  batches = step1_train.train_input_fn({'batch_size': step1_train.TRAIN_BATCH})
+  model.fit(batches, epochs=1, steps_per_epoch=steps, verbose=0)
+  return global_step + steps
+
+
+def save_and_predict(model, global_step, save_dir):
+  """Saves the tables and slots into `save_dir` (if any); the click
+  probabilities of the prediction examples."""
+  if save_dir:
+    print('saved', tpu_fc.tfrs.save(model.embedding, save_dir, global_step))
   predictions = tf.sigmoid(model(predict_features()))[:, 0].numpy()
   print('click probabilities:', np.round(predictions, 4))
   return predictions

@@ -16,14 +16,10 @@ step 6; `--save_dir` gets them in the mid-level layout.
 """
 import argparse
 
-import numpy as np
-
-import tpu_fc  # before tensorflow: selects tf-keras on TF >= 2.16
+import tpu_fc  # noqa: F401  before tensorflow: selects tf-keras on TF >= 2.16
 import tensorflow as tf
 
-import step1_train
 import step6_tfrs
-from step4_tf2_loop import DENSE_LEARNING_RATE
 
 
 def strategy_of(devices, multi_worker):
@@ -59,18 +55,10 @@ def main(argv=None):
   print('replicas (TPU cores):', strategy.num_replicas_in_sync)
   with strategy.scope():
     model, global_step = step6_tfrs.restored_model(args.model_dir)
-    model.compile(optimizer=tf.keras.optimizers.SGD(DENSE_LEARNING_RATE),
-                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
-  # The global batches of step 6; each replica gets its share of each.
-  batches = step1_train.train_input_fn({'batch_size': step1_train.TRAIN_BATCH})
-  model.fit(batches, epochs=1, steps_per_epoch=args.train_steps, verbose=0)
-  global_step += args.train_steps
-  if args.save_dir:
-    print('saved', tpu_fc.tfrs.save(model.embedding, args.save_dir,
-                                    global_step))
-  predictions = tf.sigmoid(model(step6_tfrs.predict_features()))[:, 0].numpy()
-  print('click probabilities:', np.round(predictions, 4))
-  return predictions
+    step6_tfrs.compile_model(model)
+  # Step 6's global batches; each replica gets its share of each.
+  global_step = step6_tfrs.fit(model, global_step, args.train_steps)
+  return step6_tfrs.save_and_predict(model, global_step, args.save_dir)
 
 
 if __name__ == '__main__':
