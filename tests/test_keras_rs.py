@@ -232,12 +232,12 @@ def test_a_custom_loop_trains_the_tables_by_their_optimizers_tpu_rules(name):
 
 @pytest.mark.parametrize('train_by', ['fit', 'loop'])
 @pytest.mark.parametrize('name', ['sgd', 'adagrad'])
-def test_two_replicas_train_as_one(name, train_by):
+def test_two_replicas_train_as_one(name, train_by, tmp_path):
   """MirroredStrategy over two devices, each replica a TPU core with two of
   the four examples: the tables and slots of one replica on the same
-  batches, the TPU rule (the model's optimizer another kind: SGD of rate 0,
+  batches, the TPU rule (the model's optimizer another kind: Adam of rate 0,
   whose every step would move a Keras table nowhere); one copy of the
-  table."""
+  table; its save restores into a one-replica layer."""
   strategy = mid_level.mirrored()
   with strategy.scope():
     layer = tpu_fc_keras_rs.DistributedEmbedding(_feature_configs(
@@ -249,6 +249,13 @@ def test_two_replicas_train_as_one(name, train_by):
   _assert_tpu_rule(layer, name)
   for variable in layer._emulated_variables().values():  # pylint: disable=protected-access
     assert len(strategy.experimental_local_results(variable)) == 1
+  saved = tpu_fc_keras_rs.save(layer, str(tmp_path), global_step=2)
+  single = tpu_fc_keras_rs.DistributedEmbedding(_feature_configs(
+      RULES[name][0]()))
+  assert tpu_fc_keras_rs.restore(single, saved) == 2
+  for key, value in single._emulated_variables().items():  # pylint: disable=protected-access
+    np.testing.assert_array_equal(
+        value, layer._emulated_variables()[key], err_msg=key)  # pylint: disable=protected-access
 
 
 def _replicated_loop(strategy, layer, steps=2):
