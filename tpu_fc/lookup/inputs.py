@@ -450,15 +450,15 @@ def _mid_level_ids(path, value, config, examples):
     raise ValueError('Feature {} is a sequence feature but a dense tensor was '
                      'passed.'.format(path))
   ids = tf.reshape(tf.cast(value, tf.int64), [-1])
-  positions = tf.range(tf.size(ids, out_type=tf.int64))
+  size = tf.size(ids, out_type=tf.int64)
+  positions = tf.range(size)
   if examples.rank == value.shape.rank or value.shape[-1] == 1:
-    width, rows, slots = 1, positions, tf.zeros_like(positions)
-  else:
-    width = tf.shape(value, out_type=tf.int64)[-1]
-    rows, slots = positions // width, positions % width
-  return tf.SparseTensor(tf.stack([rows, slots], axis=1), ids,
-                         tf.stack([tf.size(ids, out_type=tf.int64) // width,
-                                   width]))
+    return tf.SparseTensor(tf.stack([positions, tf.zeros_like(positions)],
+                                    axis=1), ids, tf.stack([size, 1]))
+  width = tf.shape(value, out_type=tf.int64)[-1]
+  return tf.SparseTensor(tf.stack([positions // width, positions % width],
+                                  axis=1), ids, tf.stack([size // width,
+                                                          width]))
 
 
 def _mid_level_weights(path, weight, value, config, sequence_length,
