@@ -13,13 +13,13 @@ github.com/keras-team/keras-rs at v0.4.0:
 
     scripts/lane.sh latest python scripts/upstream_tests/migration_targets.py \\
         [--keras-rs-testing /tmp/up/keras_rs_testing] [--tpu-branch] \\
-        [--replicas N] -- PYTEST_ARGS...
+        -- PYTEST_ARGS...
 
 --keras-rs-testing: a directory holding keras-rs's `testing` package, which
 its wheel lacks.  --tpu-branch: keras-rs's tests take their TPU branch
 (placement 'sparsecore'; `TPU_NAME` set) on the emulated SparseCore, their
-shared strategy the default one, or with --replicas N a `MirroredStrategy`
-over N logical CPUs (each replica a TPU core).  Nothing contacts a TPU.
+shared strategy the default one (their TPU CI's has one replica a host: the
+tests give every replica the whole batch).  Nothing contacts a TPU.
 """
 import argparse
 import os
@@ -30,7 +30,6 @@ def main(argv):
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--keras-rs-testing')
   parser.add_argument('--tpu-branch', action='store_true')
-  parser.add_argument('--replicas', type=int, default=1)
   parser.add_argument('pytest_args', nargs='*')
   args = parser.parse_args(argv)
   if args.tpu_branch:
@@ -38,11 +37,6 @@ def main(argv):
 
   import tpu_fc  # pylint: disable=g-import-not-at-top
   tpu_fc.install()
-  from tpu_fc._tf import tf  # pylint: disable=g-import-not-at-top
-  if args.replicas > 1:
-    tf.config.set_logical_device_configuration(
-        tf.config.list_physical_devices('CPU')[0],
-        [tf.config.LogicalDeviceConfiguration()] * args.replicas)
   if args.keras_rs_testing:
     _bind_keras_rs(args)
 
@@ -63,10 +57,7 @@ def _bind_keras_rs(args):
   distributed_embedding.DistributedEmbedding = (
       tpu_fc_keras_rs.DistributedEmbedding)
   if args.tpu_branch:
-    tpu_test_utils._shared_strategy = (  # pylint: disable=protected-access
-        tf.distribute.MirroredStrategy(
-            ['/cpu:{}'.format(i) for i in range(args.replicas)])
-        if args.replicas > 1 else tf.distribute.get_strategy())
+    tpu_test_utils._shared_strategy = tf.distribute.get_strategy()  # pylint: disable=protected-access
 
 
 if __name__ == '__main__':
