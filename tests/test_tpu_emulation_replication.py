@@ -298,7 +298,10 @@ def test_params_context_describes_the_emulated_system(tmp_path):
   # Model parallelism, whose device assignment TF gave, is not emulated.
   with pytest.raises(NotImplementedError, match='num_cores_per_replica=2'):
     tpu_context.TPUContext(  # pylint: disable=expression-not-assigned
-        4, num_cores_per_replica=2).device_assignment
+        tpu_context.EmulatedSystem(tpu_fc.RunConfig(
+            tpu_config=tpu_fc.TPUConfig(num_shards=4,
+                                        num_cores_per_replica=2)))
+    ).device_assignment
 
 
 # Each TPU core runs the whole model_fn with its own copy of the variables.

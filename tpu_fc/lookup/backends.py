@@ -122,6 +122,12 @@ def model_features(backends, features, batch_size):
   return features
 
 
+def embedding_feature_keys(backends):
+  """The keys of the features (ids and weights) the backends look up."""
+  return {key for backend in backends for feature in backend.layout.features
+          for key in (feature.name, feature.weight_key) if key}
+
+
 class EmbeddingCoreBackend(base.EmbeddingBackend):
   """`tpu_embedding_core` columns, emulated by the host engine.
 

@@ -191,11 +191,14 @@ def _cross_shard_optimizer_keeping_rows(sums):
 
 
 @contextlib.contextmanager
-def per_replica_entries_dropped(graph):
+def per_replica_entries_dropped(graph, keep_summaries=False):
   """What is added to the per-replica collections inside is dropped after: a
-  shard's other than 0 (see module doc), or an in-graph loop body's."""
+  shard's other than 0 (see module doc), or an in-graph loop body's (but its
+  summaries with `keep_summaries`)."""
   before = {key: list(graph.get_collection(key))
-            for key in _PER_REPLICA_COLLECTIONS}
+            for key in _PER_REPLICA_COLLECTIONS
+            if not (keep_summaries and
+                    key == tf.compat.v1.GraphKeys.SUMMARIES)}
   yield
   for key, items in before.items():
     graph.get_collection_ref(key)[:] = items
@@ -301,7 +304,7 @@ def one_replica():
 
 
 def replicate(build_shard, num_shards, shared_table_creators=(),
-              sliced_training=False):
+              training=False, sliced=True):
   """Calls `build_shard(shard)` for every shard; returns the results in shard order.
 
   `build_shard` builds one shard's model (typically calls the model_fn on that
@@ -309,8 +312,11 @@ def replicate(build_shard, num_shards, shared_table_creators=(),
   so TF's TPU feature columns and `CrossShardOptimizer` behave as on a TPU.
   `shared_table_creators`: those of the shared columns the model_fn looks up
   in its graph (tensor-core ones), whose cached tables each shard asks for.
-  `sliced_training`: the shards train, each on its slice of the batch: a
-  train_op updating trainable variables without a `cross_replica_sum` is
+  `training`: the shards train; no `cross_replica_sum` in them is refused as
+  TF 2.15 refuses a TF1 control-flow training graph without a
+  `CrossReplicaSum` op (`tpu_estimator.py`, `_validate_tpu_training_graph`,
+  3775-3796; TF skips the check under control flow v2), else, with each
+  shard on its `sliced` batch, a train_op updating trainable variables is
   warned of (see module).
   """
   graph = tf.compat.v1.get_default_graph()
@@ -329,11 +335,15 @@ def replicate(build_shard, num_shards, shared_table_creators=(),
       with _collections_of(graph, shard, first_built=position == 0), \
           _variable_store(variables, position > 0, shared_table_creators):
         results[shard] = build_shard(shard)
-  if sliced_training and num_shards > 1 and not sums.summed:
-    _warn_if_core_0_trains_alone(
-        getattr(results[0], 'train_op', None), num_shards,
-        [v for v in variables.created
-         if v.trainable and not naming.is_dummy(v.op.name)])
+  if training and num_shards > 1 and not sums.summed:
+    if not tf.compat.v1.control_flow_v2_enabled():
+      raise ValueError(
+          'CrossShardOptimizer must be used for model training on TPUs.')
+    if sliced:
+      _warn_if_core_0_trains_alone(
+          getattr(results[0], 'train_op', None), num_shards,
+          [v for v in variables.created
+           if v.trainable and not naming.is_dummy(v.op.name)])
   return [results[shard] for shard in range(num_shards)]
 
 
