@@ -210,6 +210,11 @@ def creation_order(op):
   return op._id
 
 
+def add_control_inputs(op, control_inputs):
+  """Makes the built `op` run after `control_inputs`."""
+  op._add_control_inputs(control_inputs)  # pylint: disable=protected-access
+
+
 # Feature columns ---------------------------------------------------------------------
 
 EmbeddingDevice = tpu_fc_v2.EmbeddingDevice

@@ -28,30 +28,25 @@ def infeed_scope():
   return tf.name_scope('tpu_fc_infeed')
 
 
-def predict_padded(build, features, labels, batch_size, unchecked=()):
+def predict_padded(build, features, labels, batch_size):
   """The PREDICT graph as TPUEstimator builds it on a TPU: every feature (and
   label, which the model_fn gets too) padded with zeros to `batch_size`
   examples (a static batch, the last, short batch too), the predictions sliced
-  back to the real examples.  What the model_fn gets must then have static
-  shapes (TF's check; the spec's features in `unchecked` the TPU enqueues
-  itself).
+  back to the real examples.
 
   Args:
     build: `(features, labels) -> BuiltGraph` of the PREDICT model.
     features, labels: one batch of input_fn (a SparseTensor gets the batch in
-      its dense shape, no entries).
-    batch_size: the predict batch size.
-    unchecked: the keys of the spec's embedding features.
+      its dense shape, no entries; a RaggedTensor empty rows).
+    batch_size: the batch an input_fn call gives the TPU's step.
   """
   leaves = [leaf for leaf in tf.nest.flatten(features)
-            if isinstance(leaf, (tf.Tensor, tf.SparseTensor))
+            if isinstance(leaf, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor))
             and leaf.shape.rank]
   if not leaves:
     return build(features, labels)
   with infeed_scope():
-    first = leaves[0]
-    real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
-                   else tf.shape(first)[0], tf.int32)
+    real = tf.cast(replication.batch_size_of(leaves[0]), tf.int32)
     check = tf.debugging.assert_less_equal(
         real, batch_size,
         message='The real batch size should not be greater than batch_size.')
@@ -62,6 +57,10 @@ def predict_padded(build, features, labels, batch_size, unchecked=()):
       if isinstance(value, tf.SparseTensor):
         return tf.sparse.reset_shape(value, tf.concat(
             [[batch_size], value.dense_shape[1:]], axis=0))
+      if isinstance(value, tf.RaggedTensor):  # empty rows
+        splits = value.row_splits
+        return tf.RaggedTensor.from_row_splits(value.values, tf.concat(
+            [splits, tf.fill([missing], splits[-1])], axis=0))
       if not isinstance(value, tf.Tensor) or not value.shape.rank:
         return value
       result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
@@ -69,7 +68,6 @@ def predict_padded(build, features, labels, batch_size, unchecked=()):
       return result
 
     features, labels = tf.nest.map_structure(padded, (features, labels))
-  check_static_shapes(features, labels, unchecked)
   built = build(features, labels)
   return built._replace(spec=built.spec._replace(
       predictions=tf.nest.map_structure(lambda prediction: prediction[:real],
@@ -274,14 +272,16 @@ def _checkpoint_names(backends, graph):
 
 def build(call_model_fn, features, labels, mode, backends, num_shards,
           batch_size, broadcast=False, aggregate_rows=None, loop_body=None):
-  """The `BuiltGraph` of an emulated TPU TRAIN or EVAL step.
+  """The `BuiltGraph` of an emulated TPU step: TRAIN, EVAL or PREDICT (of a
+  batch `predict_padded` pads).
 
   Args:
     call_model_fn: `(features, labels) -> model_fn result` for one shard, with
       the per-shard batch size in params.
     features, labels: the global batch from input_fn.  Like TPUEstimator,
-      raises unless what the model_fn receives has static shapes.
-    mode: ModeKeys.TRAIN or ModeKeys.EVAL.
+      raises unless what the model_fn receives has static shapes (the
+      features the backends look up aside).
+    mode: a ModeKeys value.
     backends: the spec's lookup backends (`lookup.backends.backends_for`).
     num_shards: emulated TPU cores.
     batch_size: the mode's global batch size (TPUEstimator's train or eval
@@ -302,6 +302,8 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
       'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
       'TPU update rules, model_fn per shard).', 1)
   training = mode == model_fn.ModeKeys.TRAIN
+  graph = tf.compat.v1.get_default_graph()
+  ops_before = len(graph.get_operations())
   steps, activations = [], [{} for _ in range(num_shards)]
   for backend in backends:
     backend.create_variables(training)
@@ -313,7 +315,8 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
         shard.update(values)
     model_features = lookup_backends.model_features(backends, features,
                                                     batch_size)
-  check_static_shapes(model_features, labels)
+  check_static_shapes(model_features, labels,
+                      lookup_backends.embedding_feature_keys(backends))
 
   def build_shard(shard):
     shard_features, shard_labels = model_features, labels
@@ -330,13 +333,17 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   raw_specs = replication.replicate(
       build_shard, num_shards, [creator for backend in backends
                                 for creator in backend.shared_table_creators()],
-      training=training, sliced=not broadcast)
-  graph = tf.compat.v1.get_default_graph()
+      training=training, sliced=not broadcast,
+      in_tpu_context=mode != model_fn.ModeKeys.PREDICT)
   _localize_dummies(graph)
   # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
   # as TPUEstimator creates them first.
   checkpoint_names = _checkpoint_names(backends, graph)
-  estimator_spec = merged_spec(raw_specs, mode, loop_body)
+  estimator_spec = merged_spec(
+      raw_specs, mode, loop_body, static_predictions=not (
+          backends and lookup_backends.predicts_in_model_graph(backends)))
+  if training:
+    replication.global_step_read_at_step_start(graph, ops_before)
   if not training or not backends:
     return model_fn.BuiltGraph(estimator_spec, checkpoint_names)
   updates, hooks = [], list(estimator_spec.training_hooks)

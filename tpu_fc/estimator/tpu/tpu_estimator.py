@@ -224,7 +224,8 @@ class TPUEstimator(estimator.Estimator):
   emulated system; embedding-core columns give activations and the host
   engine trains their tables with the spec's optimizer and the TPU's update
   rules; `iterations_per_loop` steps run in one `session.run`.  Prediction
-  and export look up on the CPU.
+  and export look up on the CPU (prediction's model_fn per core, as on a
+  TPU).
 
   Its `config` has `log_step_count_steps` None, as TF's (its own hooks log).
   Its `model_fn`, and every export, runs the model as TF 2.15's exports it:
@@ -499,12 +500,14 @@ class TPUEstimator(estimator.Estimator):
 
     A generator: it builds, restores and raises when first iterated.  With
     `use_tpu=True` it looks up on the CPU, as TF's default lookup device does
-    for inference, runs the model_fn once per input batch (under
-    `PER_HOST_V2` a core's) and pads a short last batch, dropping the
-    padding's predictions.
+    for inference, pads each input batch to `predict_batch_size` (dropping
+    the padding's predictions) and runs the model_fn per emulated core on its
+    slice, features and labels, as a TPU does (under `PER_HOST_V2` once per
+    core's batch).
 
     Args:
-      input_fn: as in `train`; labels it returns are ignored.
+      input_fn: as in `train`; labels it returns are ignored but on the
+        emulated TPU, whose model_fn gets them.
       predict_keys: the keys of a predictions dict to compute; None: all.
       hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
       checkpoint_path: the checkpoint to predict with; None: the latest (none:
@@ -664,47 +667,43 @@ class TPUEstimator(estimator.Estimator):
     None; `loop_body`: the in-graph loop's, when the model is its body.
 
     On CPU (use_tpu=False, or eval with eval_on_tpu=False) the model_fn runs as a
-    plain graph, exactly as TF 2.15's TPUEstimator(use_tpu=False).  Otherwise
-    TRAIN and EVAL emulate the TPU (`emulation`), and PREDICT looks up on
-    the CPU, as TPUEstimator's default lookup device does for inference.
+    plain graph, exactly as TF 2.15's TPUEstimator(use_tpu=False) (but for
+    the order of a step's global step reads and increment).  Otherwise the
+    TPU is emulated (`emulation`): PREDICT looks up on the CPU, as
+    TPUEstimator's default lookup device does for inference.
     """
     config = self.config
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
+      graph = tf.compat.v1.get_default_graph()
+      ops_before = len(graph.get_operations())
       with build_context.building(mode), replication.one_replica():
-        return model_fn_lib.BuiltGraph(to_estimator_spec(self._call_model_fn(
+        spec = to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
-            self._params_for(self._batch_sizes[mode], use_tpu=False))))
+            self._params_for(self._batch_sizes[mode], use_tpu=False)))
+      # (a host_call's global step: its step's, as the hook runs it in the
+      # step's session.run)
+      replication.global_step_read_at_step_start(graph, ops_before)
+      return model_fn_lib.BuiltGraph(spec)
     tpu_context.refuse_model_parallelism(
         self._config.tpu_config.num_cores_per_replica)
     backends = self._backends(mode, on_tpu=True)
     pipeline = self._deployment(mode)
-    # PREDICT runs the model once per batch of the input (a core's under
-    # PER_HOST_V2).
-    batch_size = (pipeline.input_fn_batch_size if mode == ModeKeys.PREDICT
-                  else pipeline.model_fn_batch_size)
     with self._ctx.with_mode(mode) as system:  # params['context'], as on a TPU
-      params = self._params_for(batch_size, use_tpu=True,
+      params = self._params_for(pipeline.model_fn_batch_size, use_tpu=True,
                                 context=tpu_context.TPUContext(system))
     call_model_fn = lambda f, l: self._call_model_fn(f, l, mode, config, params)
     if mode == ModeKeys.PREDICT:
-      # (the model_fn gets the labels too, as on a TPU: 1929-1936)
-      embedding_keys = lookup_backends.embedding_feature_keys(backends)
       if lookup_backends.predicts_in_model_graph(backends):
         _check_predict_ids_untransformed(features, self._embedding_config_spec)
-        with emulation.infeed_scope():
-          features = lookup_backends.model_features(backends, features, None)
-        with build_context.building(mode):
-          return emulation.predict_padded(
-              lambda f, l: model_fn_lib.BuiltGraph(emulation.merged_spec(
-                  [call_model_fn(f, l)], mode,
-                  static_predictions=not embedding_keys)),
-              features, labels, batch_size, embedding_keys)
-      # looked up by the host engine, one shard
+      # Each input batch is a TPU step's: padded, then split over the cores
+      # as in training (one core's batch under PER_HOST_V2, the whole one
+      # under BROADCAST); the model_fn gets the labels too (1929-1936).
+      cores = pipeline.num_cores if pipeline.kind == input_pipeline.SPLIT else 1
       return emulation.predict_padded(
-          lambda f, l: emulation.build(call_model_fn, f, l, mode, backends, 1,
-                                       batch_size),
-          features, labels, batch_size, embedding_keys)
+          lambda f, l: emulation.build(call_model_fn, f, l, mode, backends,
+                                       cores, pipeline.input_fn_batch_size),
+          features, labels, pipeline.input_fn_batch_size)
     return emulation.build(
         call_model_fn, features, labels, mode, backends, pipeline.num_cores,
         self._batch_sizes[mode], pipeline.kind == input_pipeline.WHOLE,
@@ -816,7 +815,7 @@ class TPUEstimator(estimator.Estimator):
     if self._config.tpu_config.input_partition_dims:
       input_pipeline.check_input_partition_dims(self._config.tpu_config,
                                                 *calls[0].next_batch())
-    # (PREDICT runs the model once per batch of the input)
+    # (a PREDICT step takes one batch of the input)
     return input_pipeline.per_step_input(
         calls, 1 if mode == ModeKeys.PREDICT else pipeline.batches_per_call)
 
