@@ -446,10 +446,18 @@ class TPUEstimator(estimator.Estimator):
         <= 0; listeners without checkpoint saving; the model_fn's or
         input_fn's arguments (they must take `params`; labels given to a
         model_fn without `labels`); a spec the mode cannot run; on the
-        emulated TPU, a batch not divisible by the cores or a feature of
-        unknown static shape.
-      TypeError: a hook or listener of another type.
-      RuntimeError: another run is training this model_dir.
+        emulated TPU (TF's checks, before input_fn), neither `steps` nor
+        `max_steps` or a batch not divisible by the cores, and (after it)
+        an input of unknown static shape, `input_partition_dims` that do
+        not fit it, or, under TF1 control flow, no cross-replica sum on
+        several cores.
+      TypeError: a hook or listener of another type; on the emulated TPU,
+        `steps` or `max_steps` not an int.
+      RuntimeError: another run is training this model_dir; on the emulated
+        TPU, an input of queue runners where TF's switch
+        `_WRAP_INPUT_FN_INTO_WHILE_LOOP` refuses them.
+      NotImplementedError: on the emulated TPU, `num_cores_per_replica` > 1
+        (model parallelism, not emulated).
       PermissionError: `model_dir` is not writable.
     """
     with input_errors.explained(lookup_inputs.failed_check):
@@ -482,9 +490,10 @@ class TPUEstimator(estimator.Estimator):
       metrics, `loss` (its mean over the batches) and `global_step`.
 
     Raises:
-      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
-        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
-        checks of the model_fn and input_fn.
+      ValueError: `steps` <= 0 (on the emulated TPU also None, and, before
+        input_fn, no `eval_batch_size` or one not divisible by the cores),
+        `checkpoint_path` not a checkpoint, and `train`'s checks of the
+        model_fn and input_fn.
       TypeError: a hook of another type; on the emulated TPU, `steps` not an
         int.
       RuntimeError: on the emulated TPU, a model_fn returning an
@@ -524,8 +533,12 @@ class TPUEstimator(estimator.Estimator):
         them, predictions of different batch sizes (single examples),
         `checkpoint_path` not a checkpoint, and `train`'s checks of the
         model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
-        or one not divisible by the cores.
-      TypeError: a hook of another type.
+        or one not divisible by the cores, an input of unknown static shape
+        (besides the batch), or a `TPUEstimatorSpec`'s predictions of
+        unknown batch.
+      TypeError: a hook of another type; on the emulated TPU, a
+        `TPUEstimatorSpec`'s predictions that are no dict.
+      NotImplementedError: on the emulated TPU, `num_cores_per_replica` > 1.
     """
     with input_errors.explained(lookup_inputs.failed_check):
       yield from super().predict(*args, **kwargs)
