@@ -55,7 +55,9 @@ _BINDINGS = {
         'parse_iterations_per_loop':
             'tpu_fc.estimator.tpu.tpu_config:parse_iterations_per_loop'},
     'tensorflow_estimator.python.estimator.estimator': {
-        'Estimator': 'tpu_fc.estimator.estimator:Estimator'},
+        name: 'tpu_fc.estimator.estimator:' + name for name in (
+            'Estimator', 'EstimatorV2',
+            '_load_global_step_from_checkpoint_dir')},
     'tensorflow_estimator.python.estimator.run_config': {
         'RunConfig': 'tpu_fc.estimator.run_config:RunConfig'},
     'tensorflow_estimator.python.estimator.model_fn': {

@@ -162,6 +162,19 @@ def _key_names(value):
   return sorted(value) if isinstance(value, dict) else []
 
 
+def _dims_in_structure_of(value, dims, index, name):
+  """`dims` at the places of `value`'s tensors; TF's error (its texts name
+  the features `features`, the labels `labels:`) where they do not fit."""
+  try:
+    return internals.flatten_up_to(value, dims)
+  except TypeError as e:
+    raise ValueError(
+        'TPUConfig.input_partition_dims[{index}] mismatched the structure of '
+        '{kind}. input_partition_dims[{index}]: {dims}, {name} {value}. '
+        '{error}'.format(index=index, kind=name.rstrip(':'), dims=dims,
+                         name=name, value=value, error=e)) from e
+
+
 def check_input_partition_dims(tpu_config, features, labels):
   """TF 2.15's checks of `TPUConfig.input_partition_dims` against a batch, in
   its order and words (`tpu_estimator.py`, `InputsStructureRecorder`,
@@ -180,23 +193,11 @@ def check_input_partition_dims(tpu_config, features, labels):
                          _key_names(labels), _key_names(label_dims)))
   label_tensors = tf.nest.flatten(labels) if labels is not None else []
   tensors = tf.nest.flatten(features) + label_tensors
-  try:
-    dims = internals.flatten_up_to(features, feature_dims)
-  except TypeError as e:
-    raise ValueError(
-        'TPUConfig.input_partition_dims[0] mismatched the structure of '
-        'features. input_partition_dims[0]: {}, features {}. {}'.format(
-            feature_dims, features, e)) from e
+  dims = _dims_in_structure_of(features, feature_dims, 0, 'features')
   if label_dims is None:
     dims += [None] * len(label_tensors)
   elif labels is not None:
-    try:
-      dims += internals.flatten_up_to(labels, label_dims)
-    except TypeError as e:
-      raise ValueError(
-          'TPUConfig.input_partition_dims[1] mismatched the structure of '
-          'labels. input_partition_dims[1]: {}, labels: {}. {}'.format(
-              label_dims, labels, e)) from e
+    dims += _dims_in_structure_of(labels, label_dims, 1, 'labels:')
   for tensor, tensor_dims in zip(tensors, dims):
     if tensor_dims is None:
       continue
