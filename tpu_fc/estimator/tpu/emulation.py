@@ -74,7 +74,7 @@ def predict_padded(build, features, labels, batch_size):
                                         built.spec.predictions)))
 
 
-def check_static_shapes(features, labels, unchecked=()):
+def _check_static_shapes(features, labels, unchecked=()):
   """TF 2.15's check (`tpu_estimator.py`, `_validate_model_features_and_labels`,
   1975-2011): a TPU's infeed carries only statically shaped tensors.
 
@@ -106,7 +106,7 @@ def _concat_shards(values):
   return [tf.concat(list(parts), axis=0) for parts in zip(*values)]
 
 
-def merged_spec(raw_specs, mode, loop_body=None, static_predictions=True):
+def _merged_spec(raw_specs, mode, loop_body, static_predictions=True):
   """Shard 0's spec, with `eval_metrics` / `host_call` tensors (and
   predictions) of all shards.
 
@@ -315,7 +315,7 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
         shard.update(values)
     model_features = lookup_backends.model_features(backends, features,
                                                     batch_size)
-  check_static_shapes(model_features, labels,
+  _check_static_shapes(model_features, labels,
                       lookup_backends.embedding_feature_keys(backends))
 
   def build_shard(shard):
@@ -339,7 +339,7 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
   # as TPUEstimator creates them first.
   checkpoint_names = _checkpoint_names(backends, graph)
-  estimator_spec = merged_spec(
+  estimator_spec = _merged_spec(
       raw_specs, mode, loop_body, static_predictions=not (
           backends and lookup_backends.predicts_in_model_graph(backends)))
   if training:
