@@ -75,7 +75,9 @@ def _pipeline_model_fn(seen):
 # `core0_x` sums core 0's x.  EVAL on the TPU, 2 steps: the metric tensors of
 # the cores, concatenated in core order (t[0] is core 0's first row, t[-1]
 # core 1's last).  PREDICT: t of each example.
-#   PER_HOST_V1: one call, batches of 4 (t 0, 4, ...), core c takes slice c.
+#   PER_HOST_V1: one call, batches of 4 (t 0, 4, ...), core c takes slice c
+#     (in every mode: the model_fn's batch is 2 in PREDICT too,
+#     `batch_size_for_model_fn`, `tpu_context.py` 578-588).
 #   PER_HOST_V2: one call, batches of 2 (t 0, 2, 4, ...); core c of step s
 #     takes batch 2s + c: step 0 [0 1 | 2 3], step 1 [4 5 | 6 7].
 #   PER_SHARD_V1: in training one call per core, each sharding the data by its
@@ -87,7 +89,7 @@ PIPELINE_CASES = {
         pipeline=PIPELINES.PER_HOST_V1,
         input_fn={'train': [(4, (0, 1, 2))], 'eval': [(4, (0, 1, 2))],
                   'infer': [(4, (0, 1, 2))]},
-        model_fn={'train': 2, 'eval': 2, 'infer': 4},
+        model_fn={'train': 2, 'eval': 2, 'infer': 2},
         w=4.0, core0_x=(0 + 1) + (4 + 5),
         metrics={'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0},
         predicted=[0] * 4 + [4] * 4 + [8] * 4 + [12] * 4),
@@ -104,7 +106,7 @@ PIPELINE_CASES = {
         pipeline=PIPELINES.PER_SHARD_V1,
         input_fn={'train': [(2, (0, 2, 1)), (2, (1, 2, 1))],
                   'eval': [(4, (0, 1, 2))], 'infer': [(4, (0, 1, 2))]},
-        model_fn={'train': 2, 'eval': 2, 'infer': 4},
+        model_fn={'train': 2, 'eval': 2, 'infer': 2},
         w=(4 + 4 + 5 + 5) / 4, core0_x=(0 + 2) + (4 + 6),
         metrics={'mean_t': 2.0, 'core0_t': 2.0, 'core1_t': 2.0},
         predicted=[0] * 4 + [4] * 4 + [8] * 4 + [12] * 4),
@@ -190,6 +192,35 @@ def test_predicted_batches_are_a_tpu_steps(tmp_path, pipeline):
   np.testing.assert_array_equal(np.concatenate(batches), rows * 2)
   np.testing.assert_array_equal(
       [example['x'] for example in estimator.predict(input_fn)], rows * 2)
+
+
+def test_each_core_predicts_its_slice_of_the_padded_batch_with_its_labels(
+    tmp_path):
+  """PER_HOST_V1 prediction on 2 cores, predict_batch_size 4, 6 rows: as TF
+  2.15's TPU predicts (`tpu_estimator.py`: each batch padded to 4, 918-928,
+  split over the cores, 972; the model_fn of a core gets its 2 rows, features
+  and labels, 1929-1936, and `params['batch_size']` 2, `tpu_context.py`
+  578-588; the cores' predictions joined, 2297-2301, the padding's dropped)."""
+  rows = np.arange(6, dtype=np.float32)[:, None]
+  seen = []
+
+  def model_fn(features, labels, mode, params):
+    seen.append((params['batch_size'], features['x'].shape.as_list(),
+                 labels.shape.as_list()))
+    return tpu_fc.TPUEstimatorSpec(
+        mode, predictions={'sum': features['x'] + labels})
+
+  def input_fn(params):
+    return tf.data.Dataset.from_tensor_slices(({'x': rows}, 10 * rows)).batch(
+        params['batch_size'])
+
+  estimator = tpu_fc.TPUEstimator(
+      model_fn, use_tpu=True, train_batch_size=4, predict_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=(
+          tpu_fc.TPUConfig(num_shards=2))))
+  predicted = [p['sum'] for p in estimator.predict(input_fn)]
+  np.testing.assert_array_equal(predicted, 11 * rows)
+  assert seen == [(2, [2, 1], [2, 1])] * 2
 
 
 @pytest.mark.legacy_only

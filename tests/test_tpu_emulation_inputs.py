@@ -15,6 +15,8 @@ row i is [2i, 2i + 1] / 10, so a sum of rows is hand-derived.  Also: a column us
 by two layers, which a TPU cannot carry over to the CPU, is refused; integer
 vocabulary and hash columns log that the TPU does not transform their ids.
 """
+import collections
+
 import numpy as np
 import pytest
 
@@ -400,6 +402,35 @@ def test_features_as_one_tensor_run_on_the_emulated_tpu(tmp_path):
         tmp_path / 'legacy', use_tpu=False, driver=tf.compat.v1.estimator.tpu)
     np.testing.assert_allclose(legacy_kernel, cpu_kernel, rtol=1e-6)
     np.testing.assert_allclose(legacy_metrics['loss'], cpu_metrics['loss'], rtol=1e-6)
+
+
+XY = collections.namedtuple('XY', ['x', 'y'])
+
+
+def test_namedtuple_features_reach_each_core_as_the_namedtuple(tmp_path):
+  """Features may be any nest TF's infeed takes (`tpu_estimator.py`,
+  `_validate_model_features_and_labels`, 1982-1985: nested dict, tuple,
+  namedtuple): each of 2 cores gets the namedtuple of its rows."""
+  seen = []
+
+  def model_fn(features, labels, mode, params):
+    del params
+    seen.append((type(features), features.x.shape.as_list()))
+    logits = tf.compat.v1.layers.dense(features.x + features.y, 1)
+    return models.tpu_spec(
+        mode, tf.compat.v1.losses.mean_squared_error(labels, logits))
+
+  def input_fn(params):
+    return tf.data.Dataset.from_tensor_slices(
+        (XY(inputs.X, 2 * inputs.X), inputs.Y)).repeat().batch(
+            params['batch_size'], drop_remainder=True)
+
+  tpu = tpu_fc.TPUEstimator(
+      model_fn=model_fn, train_batch_size=4,
+      config=tpu_fc.RunConfig(model_dir=str(tmp_path), tpu_config=(
+          tpu_fc.TPUConfig(num_shards=2))))
+  tpu.train(input_fn, max_steps=1)
+  assert seen == [(XY, [2, 2])] * 2
 
 
 HASH_BUCKETS = 7

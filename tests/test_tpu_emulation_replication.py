@@ -12,6 +12,7 @@ from tpu_fc.estimator.tpu import tpu_context
 
 from harness import estimators
 from harness import inputs
+from harness import lanes
 from harness import models
 from harness import oracle
 from harness import scripts
@@ -274,9 +275,11 @@ def test_params_context_describes_the_emulated_system(tmp_path):
 
   def sharded_input_fn(params):
     context = params['context']
-    seen['input'] = (context.current_input_fn_deployment()[1:],
+    seen['input'] = (context.current_input_fn_deployment(),
                      context.num_hosts, context.current_host,
-                     context.num_of_replicas_per_host)
+                     context.num_of_replicas_per_host,
+                     [context.device_for_replica(r) for r in range(4)],
+                     context.tpu_host_placement_function(host_id=0))
     with pytest.raises(RuntimeError, match='must not be called from input_fn'):
       context.device_assignment  # pylint: disable=pointless-statement
     return xy_input_fn(params)
@@ -294,11 +297,76 @@ def test_params_context_describes_the_emulated_system(tmp_path):
       config=tpu_fc.RunConfig(model_dir=str(tmp_path),
                               tpu_config=tpu_fc.TPUConfig(num_shards=4)))
   estimator.train(sharded_input_fn, max_steps=1)
-  assert seen == {'input': ((0, 1, 4), 1, 0, 4), 'model': (4, None)}
+  # A local master has no job (TF's `master_job`): the host is this process's
+  # (`tpu_host_placement_function`, `device_for_replica`: `tpu_context.py`
+  # 630-652, 800-830; replica r is the host's core r).
+  host = '/replica:0/task:0/device:CPU:0'
+  assert seen == {
+      'input': ((host, 0, 1, 4), 1, 0, 4,
+                [('/task:0/device:CPU:0', r) for r in range(4)], host),
+      'model': (4, None)}
   # Model parallelism, whose device assignment TF gave, is not emulated.
   with pytest.raises(NotImplementedError, match='num_cores_per_replica=2'):
     tpu_context.TPUContext(  # pylint: disable=expression-not-assigned
-        4, num_cores_per_replica=2).device_assignment
+        tpu_context.EmulatedSystem(tpu_fc.RunConfig(
+            tpu_config=tpu_fc.TPUConfig(num_shards=4,
+                                        num_cores_per_replica=2)))
+    ).device_assignment
+
+
+def _cluster_session_config(*jobs):
+  cluster = tf.compat.v1.train.ClusterSpec(
+      {job: ['10.2.3.4:8470'] for job in jobs}).as_cluster_def()
+  return tf.compat.v1.ConfigProto(cluster_def=cluster)
+
+
+# RunConfig arguments -> (train's, evaluate's) master job, or the error.
+MASTER_JOBS = {
+    'local': (dict(), (None, None)),
+    'remote': (dict(master='grpc://10.4.5.7:8470'),
+               ('tpu_worker', 'tpu_worker')),
+    'remote_train_local_eval': (
+        dict(master='grpc://10.4.5.7:8470', evaluation_master=''),
+        ('tpu_worker', None)),
+    'cluster': (dict(master='grpc://10.2.3.4:8470',
+                     session_config=_cluster_session_config('worker')),
+                ('worker', 'worker')),
+    'cluster_with_coordinator': (
+        dict(master='grpc://10.2.3.4:8470', session_config=(
+            _cluster_session_config('worker', 'coordinator'))),
+        ('worker', 'worker')),
+    'ambiguous_cluster': (
+        dict(master='grpc://10.2.3.4:8470', session_config=(
+            _cluster_session_config('worker', 'other_worker'))),
+        'Could not infer TPU job name. Please specify a tpu_job_name as part '
+        'of your TPUConfig.'),
+    'named': (dict(tpu_job_name='my_job'), ('my_job', 'my_job')),
+}
+
+
+@pytest.mark.parametrize('driver', lanes.DRIVERS)
+@pytest.mark.parametrize('case', sorted(MASTER_JOBS))
+def test_the_context_names_the_master_job_as_tf_2_15s(driver, case):
+  """`TPUEstimator._ctx.with_mode(mode).master_job`, which TF's TPU tests
+  read: the job of the mode's master, from the session config's cluster
+  (`tpu_context.py` 598-628), the same with TF 2.15's own TPUEstimator."""
+  namespace = lanes.driver(driver)
+  arguments, want = MASTER_JOBS[case]
+  arguments = dict(arguments)
+  tpu_config = namespace.TPUConfig(
+      tpu_job_name=arguments.pop('tpu_job_name', None))
+  estimator = namespace.TPUEstimator(
+      model_fn=models.dense_x_model_fn(), use_tpu=False, train_batch_size=4,
+      config=namespace.RunConfig(tpu_config=tpu_config, **arguments))
+  jobs = []
+  for mode in (tpu_fc.ModeKeys.TRAIN, tpu_fc.ModeKeys.EVAL):
+    with estimator._ctx.with_mode(mode) as context:  # pylint: disable=protected-access
+      try:
+        jobs.append(context.master_job)
+      except ValueError as e:
+        jobs = str(e)
+        break
+  assert jobs == (list(want) if isinstance(want, tuple) else want)
 
 
 # Each TPU core runs the whole model_fn with its own copy of the variables.

@@ -15,6 +15,7 @@ from tpu_fc._tf import tf
 
 from harness import estimators
 from harness import inputs
+from harness import lanes
 from harness import models
 
 pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
@@ -36,6 +37,55 @@ def test_a_scaffold_fn_saver_saves_the_tables(tmp_path, input_fn,
   assert len(tf.train.get_checkpoint_state(
       str(tmp_path)).all_model_checkpoint_paths) == 1  # its max_to_keep
   assert tpu.evaluate(input_fn, steps=1)['global_step'] == 4
+
+
+def _finalize_counting_model_fn(driver, finalized):
+  """features['x'] through a dense layer, whose scaffold_fn's Scaffold counts,
+  per mode, the calls of a `finalize` it overrides (as TF's TPU tests do)."""
+  def model_fn(features, labels, mode, params):
+    def scaffold_fn():
+      scaffold = tf.compat.v1.train.Scaffold()
+      finalize = scaffold.finalize
+
+      def counted():
+        finalized[mode] = finalized.get(mode, 0) + 1
+        return finalize()
+
+      scaffold.finalize = counted
+      return scaffold
+
+    logits = tf.compat.v1.layers.dense(features['x'], 1)
+    if mode == tpu_fc.ModeKeys.PREDICT:
+      return driver.TPUEstimatorSpec(mode, predictions={'logit': logits},
+                                     scaffold_fn=scaffold_fn)
+    loss = tf.compat.v1.losses.mean_squared_error(labels, logits)
+    return models.tpu_spec(
+        mode, loss, cross_shard=params['use_tpu'], driver=driver,
+        scaffold_fn=scaffold_fn, eval_metrics=(
+            lambda logits: {'mean': tf.compat.v1.metrics.mean(logits)},
+            [logits]))
+  return model_fn
+
+
+@pytest.mark.parametrize('driver,use_tpu', [('tpu_fc', True), ('tpu_fc', False)] + (
+    [('tf', False)] if 'tf' in lanes.DRIVERS else []))
+def test_the_scaffold_fn_scaffold_is_the_one_finalized_once_per_mode(
+    tmp_path, driver, use_tpu):
+  """The Scaffold of `scaffold_fn` is the session's, finalized once in every
+  mode, on the emulated TPU as on the CPU, and as TF 2.15's
+  TPUEstimator(use_tpu=False) finalizes it."""
+  namespace = lanes.driver(driver)
+  finalized = {}
+  estimator = namespace.TPUEstimator(
+      model_fn=_finalize_counting_model_fn(namespace, finalized),
+      use_tpu=use_tpu, train_batch_size=4, eval_batch_size=4,
+      predict_batch_size=4, config=namespace.RunConfig(
+          model_dir=str(tmp_path), tpu_config=namespace.TPUConfig(
+              num_shards=2 if use_tpu else None, iterations_per_loop=2)))
+  estimator.train(inputs.dense_x, steps=2)
+  estimator.evaluate(inputs.dense_x, steps=1)
+  next(estimator.predict(inputs.dense_x))
+  assert finalized == {'train': 1, 'eval': 1, 'infer': 1}
 
 
 @pytest.mark.parametrize('iterations_per_loop', [1, 2])

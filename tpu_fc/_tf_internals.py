@@ -23,6 +23,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.ops import summary_ops_v2
 from tensorflow.python.ops import variable_scope
 from tensorflow.python.ops import variables as variables_lib
+from tensorflow.python.platform import tf_logging
 from tensorflow.python.saved_model import path_helpers
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.saved_model.model_utils import export_output
@@ -34,6 +35,7 @@ from tensorflow.python.tpu import tpu_embedding_v1
 from tensorflow.python.tpu import tpu_embedding_v2
 from tensorflow.python.tpu import tpu_embedding_v2_utils
 from tensorflow.python.tpu import tpu_function
+from tensorflow.python.tpu import tpu_system_metadata
 from tensorflow.python.tpu.ops import tpu_ops
 from tensorflow.python.trackable import trackable_utils
 from tensorflow.python.training import basic_session_run_hooks
@@ -74,6 +76,12 @@ summary_writer_initializer_ops = summary_ops_v2.summary_writer_initializer_op
 # `training.MonitoredTrainingSession` (`tf.compat.v1.train.
 # MonitoredTrainingSession`), where TF's Estimator reads it: replacing one
 # there (TF's own tests patch them) reaches tpu_fc's too.
+# The job a TPU's computations go to, from its master and cluster (TPU
+# estimator's `master_job`).
+master_job = tpu_system_metadata.master_job
+# TF's logging module (`tf.compat.v1.logging`'s functions): a warning logged
+# through it, looked up when logged, as TPUEstimator logged its input
+# pipeline's, is one a patch of `tf_logging.warn` (TF's own tests) sees.
 # The TF1 optimizer base class (`CrossShardOptimizer`'s and SyncReplicas').
 Optimizer = optimizer_lib.Optimizer
 
@@ -206,6 +214,11 @@ def creation_order(op):
   return op._id
 
 
+def add_control_inputs(op, control_inputs):
+  """Makes the built `op` run after `control_inputs`."""
+  op._add_control_inputs(control_inputs)  # pylint: disable=protected-access
+
+
 # Feature columns ---------------------------------------------------------------------
 
 EmbeddingDevice = tpu_fc_v2.EmbeddingDevice
@@ -273,6 +286,9 @@ TFTPUEmbeddingV0 = tpu_embedding_v1.TPUEmbeddingV0
 TPUEmbeddingBase = tpu_embedding_base.TPUEmbeddingBase
 # Feature paths as the mid-level API names them in its error texts ('a/b').
 flatten_with_joined_string_paths = nest.flatten_with_joined_string_paths
+# A structure's leaves at the places of a shallower one's (TPUEstimator's
+# `input_partition_dims` against the features: a list there is one leaf).
+flatten_up_to = nest.flatten_up_to
 # TF's `TPUEmbedding`'s rules for output shapes, which tpu_fc's runs as its own
 # methods: read from `build`'s input shapes or batch size, checked against the
 # recorded ones (TF's texts), merged into them.

@@ -29,6 +29,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import weakref
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc._tf import tf
@@ -454,7 +455,11 @@ def remove_cut_short_saves(model_dir):
 
 def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
                       input_pipeline=(), alias=None):
-  """`scaffold`, adding the graph's Saver (unless it has one) when finalized.
+  """`scaffold` itself, adding the graph's Saver (unless it has one) when
+  finalized.
+
+  The model_fn's Scaffold is the one the session finalizes, as in TF's
+  Estimator (a `finalize` it overrides runs, once).
 
   As TF's Estimator built its Saver: after the hooks' `begin`, so variables a
   hook creates there (early stopping's `signal_early_stopping/STOP`) are saved
@@ -494,26 +499,35 @@ def saver_at_finalize(scaffold, graph, checkpoint_path, config, names=None,
         keep_checkpoint_every_n_hours=config.keep_checkpoint_every_n_hours,
         save_relative_paths=True))
 
-  return _SaverAtFinalize(add_saver, copy_from_scaffold=scaffold)
+  return _adding_saver_at_finalize(scaffold, add_saver)
 
 
-class _SaverAtFinalize(tf.compat.v1.train.Scaffold):
-  """A Scaffold that runs `add_saver()` first when finalized (see above).
+# Scaffold -> the function adding its graph's Saver, until it is finalized.
+_SAVER_ADDERS = weakref.WeakKeyDictionary()
 
-  A Scaffold copied from it (`copy_from_scaffold`, with `type(scaffold)`) keeps
-  `add_saver`.
-  """
 
-  def __init__(self, add_saver=None, **kwargs):
-    self._add_saver = add_saver or getattr(kwargs.get('copy_from_scaffold'),
-                                           '_add_saver', None)
-    super().__init__(**kwargs)
+def _adding_saver_at_finalize(scaffold, add_saver):
+  """`scaffold`, whose `finalize` runs `add_saver()` first."""
+  _SAVER_ADDERS[scaffold] = add_saver
+  finalize = scaffold.finalize
 
-  def finalize(self):
-    if self.saver is None and self._add_saver is not None:
-      self._add_saver()
-    self._add_saver = None
-    return super().finalize()
+  def finalize_adding_saver():
+    adder = _SAVER_ADDERS.pop(scaffold, None)
+    if adder is not None and scaffold.saver is None:
+      adder()
+    return finalize()
+
+  scaffold.finalize = finalize_adding_saver
+  return scaffold
+
+
+def copied_scaffold(scaffold, **fields):
+  """A Scaffold of `scaffold`'s fields and `fields`, adding the same Saver
+  when finalized (TF's `Scaffold(copy_from_scaffold=...)`)."""
+  copy = tf.compat.v1.train.Scaffold(copy_from_scaffold=scaffold, **fields)
+  add_saver = _SAVER_ADDERS.get(scaffold)
+  return copy if add_saver is None else _adding_saver_at_finalize(copy,
+                                                                  add_saver)
 
 
 class BeforeSave(tf.compat.v1.train.CheckpointSaverListener):

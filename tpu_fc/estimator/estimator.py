@@ -534,6 +534,7 @@ class Estimator(object):
           'Skipping training since max_steps has already saved.')
       return self
     hooks = hooks_lib.check_hooks_type(hooks)
+    self._check_training_steps(steps, max_steps)
     position_hooks = [h for h in hooks
                       if isinstance(h, CheckpointInputPipelineHook)]
     hooks = [h for h in hooks if h not in position_hooks]
@@ -550,6 +551,10 @@ class Estimator(object):
                          steps, max_steps)
     tf.compat.v1.logging.info('Loss for final step: %s.', loss)
     return self
+
+  def _check_training_steps(self, steps, max_steps):
+    """Raises for `train` steps the mode cannot run (where TF's Estimator
+    converts them to hooks, before input_fn); any here."""
 
   def _train(self, input_fn, hooks, position_hooks, saving_listeners, steps,
              max_steps):
@@ -809,8 +814,9 @@ class Estimator(object):
     """Calls input_fn on the CPU; returns its `input_fn.Input`."""
     return self._invoke_input_fn(input_fn, mode, self._input_fn_params(mode))
 
-  def _invoke_input_fn(self, input_fn, mode, params):
-    """One call of input_fn, given `params` if it takes them; its `Input`."""
+  def _invoke_input_fn(self, input_fn, mode, params, keep_labels=False):
+    """One call of input_fn, given `params` if it takes them; its `Input`,
+    whose labels are dropped in PREDICT unless `keep_labels`."""
     args = internals.fn_args(input_fn)
     kwargs = {}
     if 'params' in args:
@@ -826,9 +832,11 @@ class Estimator(object):
     with tf.compat.v1.device('/device:CPU:0'):
       result = input_fn(**kwargs)
     inputs = input_fn_lib.parse_input_fn_result(result)
-    if mode == ModeKeys.PREDICT:  # labels, if any, are not the model's
+    if mode == ModeKeys.PREDICT:
       self._validate_features_in_predict_input(result)
-      return inputs._replace(next_batch=lambda: (inputs.next_batch()[0], None))
+      if not keep_labels:  # labels, if any, are not the model's
+        return inputs._replace(
+            next_batch=lambda: (inputs.next_batch()[0], None))
     return inputs
 
   def _validate_features_in_predict_input(self, result):

@@ -196,9 +196,9 @@ def evaluation_graph(built):
     # A custom local_init_op must also initialize the eval step counter.
     internals.get_or_create_eval_step()
     default_local_init_op = tf.compat.v1.train.Scaffold.default_local_init_op()
-    scaffold = type(scaffold)(
-        local_init_op=tf.group(scaffold.local_init_op, default_local_init_op),
-        copy_from_scaffold=scaffold)
+    scaffold = checkpoints.copied_scaffold(
+        scaffold,
+        local_init_op=tf.group(scaffold.local_init_op, default_local_init_op))
   return (scaffold, tf.group(*update_ops), eval_dict,
           list(spec.evaluation_hooks))
 

@@ -122,6 +122,12 @@ def model_features(backends, features, batch_size):
   return features
 
 
+def embedding_feature_keys(backends):
+  """The keys of the features (ids and weights) the backends look up."""
+  return {key for backend in backends for feature in backend.layout.features
+          for key in (feature.name, feature.weight_key) if key}
+
+
 class EmbeddingCoreBackend(base.EmbeddingBackend):
   """`tpu_embedding_core` columns, emulated by the host engine.
 
@@ -360,14 +366,22 @@ class TensorCoreBackend(base.EmbeddingBackend):
     return tensor_core.densify(features, self.layout, batch_size)
 
   def shared_table_creators(self):
-    creators = (getattr(feature.column, 'shared_embedding_column_creator', None)
-                for feature in self.layout.features)
-    return tuple({id(creator): creator for creator in creators
-                  if creator is not None}.values())
+    return _shared_table_creators(self.layout)
+
+
+def _shared_table_creators(layout):
+  """The creators of the shared columns of `layout`'s features, once each."""
+  creators = (getattr(feature.column, 'shared_embedding_column_creator', None)
+              for feature in layout.features)
+  return tuple({id(creator): creator for creator in creators
+                if creator is not None}.values())
 
 
 class CpuLookupBackend(base.EmbeddingBackend):
   """The columns look up on the host (a TPU model's predict and serving)."""
+
+  def shared_table_creators(self):
+    return _shared_table_creators(self.layout)
 
   def model_features(self, features, batch_size):
     """Sequences and tensor-core ids cut as the TPU enqueues them."""

@@ -28,26 +28,25 @@ def infeed_scope():
   return tf.name_scope('tpu_fc_infeed')
 
 
-def predict_padded(build, features, batch_size):
-  """The PREDICT graph as TPUEstimator builds it on a TPU: every feature padded
-  with zeros to `batch_size` examples (a static batch, the last, short batch
-  too), the predictions sliced back to the real examples.
+def predict_padded(build, features, labels, batch_size):
+  """The PREDICT graph as TPUEstimator builds it on a TPU: every feature (and
+  label, which the model_fn gets too) padded with zeros to `batch_size`
+  examples (a static batch, the last, short batch too), the predictions sliced
+  back to the real examples.
 
   Args:
-    build: `features -> BuiltGraph` of the PREDICT model.
-    features: one batch of input_fn (a SparseTensor gets the batch in its dense
-      shape, no entries).
-    batch_size: the predict batch size, or None: no padding.
+    build: `(features, labels) -> BuiltGraph` of the PREDICT model.
+    features, labels: one batch of input_fn (a SparseTensor gets the batch in
+      its dense shape, no entries; a RaggedTensor empty rows).
+    batch_size: the batch an input_fn call gives the TPU's step.
   """
   leaves = [leaf for leaf in tf.nest.flatten(features)
-            if isinstance(leaf, (tf.Tensor, tf.SparseTensor))
+            if isinstance(leaf, (tf.Tensor, tf.SparseTensor, tf.RaggedTensor))
             and leaf.shape.rank]
-  if batch_size is None or not leaves:
-    return build(features)
+  if not leaves:
+    return build(features, labels)
   with infeed_scope():
-    first = leaves[0]
-    real = tf.cast(first.dense_shape[0] if isinstance(first, tf.SparseTensor)
-                   else tf.shape(first)[0], tf.int32)
+    real = tf.cast(replication.batch_size_of(leaves[0]), tf.int32)
     check = tf.debugging.assert_less_equal(
         real, batch_size,
         message='The real batch size should not be greater than batch_size.')
@@ -58,36 +57,45 @@ def predict_padded(build, features, batch_size):
       if isinstance(value, tf.SparseTensor):
         return tf.sparse.reset_shape(value, tf.concat(
             [[batch_size], value.dense_shape[1:]], axis=0))
+      if isinstance(value, tf.RaggedTensor):  # empty rows
+        splits = value.row_splits
+        return tf.RaggedTensor.from_row_splits(value.values, tf.concat(
+            [splits, tf.fill([missing], splits[-1])], axis=0))
       if not isinstance(value, tf.Tensor) or not value.shape.rank:
         return value
       result = tf.pad(value, [[0, missing]] + [[0, 0]] * (value.shape.rank - 1))
       result.set_shape([batch_size] + value.shape[1:])
       return result
 
-    features = tf.nest.map_structure(padded, features)
-  built = build(features)
+    features, labels = tf.nest.map_structure(padded, (features, labels))
+  built = build(features, labels)
   return built._replace(spec=built.spec._replace(
       predictions=tf.nest.map_structure(lambda prediction: prediction[:real],
                                         built.spec.predictions)))
 
 
-def _check_static_shapes(value, name):
-  """TF 2.15's check: a TPU's infeed carries only statically shaped tensors.
+def _check_static_shapes(features, labels, unchecked=()):
+  """TF 2.15's check (`tpu_estimator.py`, `_validate_model_features_and_labels`,
+  1975-2011): a TPU's infeed carries only statically shaped tensors.
 
-  Run on what the model_fn receives (embedding features taken out), as
-  TPUEstimator does before calling it on the TPU.
+  Run on what the model_fn receives, as TPUEstimator does before calling it on
+  the TPU; the features named in `unchecked` are left out (embedding ids the
+  TPU enqueues to its embedding engine, not to the model_fn).
   """
-  items = value.items() if isinstance(value, dict) else [(None, value)]
-  for key, tensor in items:
-    for leaf in tf.nest.flatten(tensor, expand_composites=False):
-      if not tf.TensorShape(leaf.shape).is_fully_defined():
-        raise ValueError(
-            'The {} to the model returned by input_fn must have static shape. '
-            'Tensor: {}.{} A TPU (and its emulation) needs every dimension '
-            'known: batch the Dataset with drop_remainder=True, or set the '
-            'shape in input_fn.'.format(
-                name, leaf, '' if key is None else
-                ' Feature {!r} has shape {}.'.format(key, leaf.shape)))
+  for name, value in (('features', features), ('labels', labels)):
+    items = (value.items() if isinstance(value, dict) else [(None, value)])
+    for key, tensor in items:
+      leaves = tf.nest.flatten(tensor) if key not in unchecked else []
+      for leaf in leaves:
+        if (leaf is not None and
+            not tf.TensorShape(leaf.shape).is_fully_defined()):
+          raise ValueError(
+              'The {} to the model returned by input_fn must have static '
+              'shape. Tensor: {}.{} A TPU (and its emulation) needs every '
+              'dimension known: batch the Dataset with drop_remainder=True, '
+              'or set the shape in input_fn.'.format(
+                  name, leaf, '' if key is None else ' {} {!r} has shape '
+                  '{}.'.format(name[:-1].capitalize(), key, leaf.shape)))
 
 
 def _concat_shards(values):
@@ -98,19 +106,27 @@ def _concat_shards(values):
   return [tf.concat(list(parts), axis=0) for parts in zip(*values)]
 
 
-def _merged_spec(raw_specs, mode, loop_body):
-  """Shard 0's spec, with `eval_metrics` / `host_call` tensors of all shards.
+def _merged_spec(raw_specs, mode, loop_body, static_predictions=True):
+  """Shard 0's spec, with `eval_metrics` / `host_call` tensors (and
+  predictions) of all shards.
 
   As on a TPU, the host functions see each tensor concatenated over the shards
-  along the batch axis, and the loss is shard 0's (TF 2.15's TPU loops run with
-  `outputs_from_all_shards=False`).  In an in-graph loop (`loop_body`, see
-  `loops.LoopBody`) scaffold_fn is left to run after the loop and an
-  evaluation's metric_fn is recorded to be replayed outside it.
+  along the batch axis, as do the predictions, and the loss is shard 0's (TF
+  2.15's TPU loops run with `outputs_from_all_shards=False`).  In an in-graph
+  loop (`loop_body`, see `loops.LoopBody`) scaffold_fn is left to run after
+  the loop and an evaluation's metric_fn is recorded to be replayed outside
+  it.  Predictions must have a static batch, as a TPU's, unless not
+  `static_predictions` (the columns' lookups on the CPU give none, where a
+  TPU's activations have one).
   """
   tpu_specs = [tpu_estimator_spec.as_tpu_estimator_spec(raw)
                for raw in raw_specs]
   if tpu_specs[0] is None:
     return _verified_estimator_spec(raw_specs[0], mode)
+  if mode == model_fn.ModeKeys.PREDICT:
+    tpu_specs[0] = tpu_specs[0]._replace(predictions=_concat_shards(
+        [_verified_predictions(spec.predictions, static_predictions)
+         for spec in tpu_specs]))
   if loop_body is not None and tpu_specs[0].scaffold_fn is not None:
     loop_body.scaffold_fns.append(tpu_specs[0].scaffold_fn)
     tpu_specs[0] = tpu_specs[0]._replace(scaffold_fn=None)
@@ -139,7 +155,8 @@ def _verified_estimator_spec(raw_spec, mode):
 
   TF 2.15's `_verify_estimator_spec`: chief hooks are refused, the scaffold
   ignored (a TPU's scaffold comes from `scaffold_fn`); evaluation needs the
-  TPU's metric_fn.
+  TPU's metric_fn.  (Prediction takes it: tpu_fc predicts as on the CPU,
+  where TF's TPU refused it, `docs/choices.md`.)
   """
   if mode == model_fn.ModeKeys.EVAL:
     raise RuntimeError(
@@ -154,6 +171,20 @@ def _verified_estimator_spec(raw_spec, mode):
                             'train/eval. Please use TPUEstimatorSpec.')
   return model_fn.to_estimator_spec(raw_spec)._replace(
       scaffold=tf.compat.v1.train.Scaffold())
+
+
+def _verified_predictions(predictions, static=True):
+  """TF 2.15's checks of a TPU's predictions (`tpu_estimator.py`,
+  `_verify_tpu_spec_predictions`, 1960-1972): a dict of tensors whose batch
+  is `static`."""
+  if not isinstance(predictions, dict):
+    raise TypeError('TPUEstimatorSpec.predictions must be dict of Tensors.')
+  for key, tensor in predictions.items():
+    if static and tf.compat.dimension_value(tensor.shape[0]) is None:
+      raise ValueError(
+          'The tensor with key ({}) in TPUEstimatorSpec.predictions has '
+          'dynamic shape (should be static). Tensor: {}'.format(key, tensor))
+  return predictions
 
 
 # What a TPU's host_call refuses (TF 2.15's `CatchInvalidHostcallFunctions`).
@@ -241,14 +272,16 @@ def _checkpoint_names(backends, graph):
 
 def build(call_model_fn, features, labels, mode, backends, num_shards,
           batch_size, broadcast=False, aggregate_rows=None, loop_body=None):
-  """The `BuiltGraph` of an emulated TPU TRAIN or EVAL step.
+  """The `BuiltGraph` of an emulated TPU step: TRAIN, EVAL or PREDICT (of a
+  batch `predict_padded` pads).
 
   Args:
     call_model_fn: `(features, labels) -> model_fn result` for one shard, with
       the per-shard batch size in params.
     features, labels: the global batch from input_fn.  Like TPUEstimator,
-      raises unless what the model_fn receives has static shapes.
-    mode: ModeKeys.TRAIN or ModeKeys.EVAL.
+      raises unless what the model_fn receives has static shapes (the
+      features the backends look up aside).
+    mode: a ModeKeys value.
     backends: the spec's lookup backends (`lookup.backends.backends_for`).
     num_shards: emulated TPU cores.
     batch_size: the mode's global batch size (TPUEstimator's train or eval
@@ -269,6 +302,8 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
       'No TPU: tpu_fc emulates the TPU (embedding core on the host with the '
       'TPU update rules, model_fn per shard).', 1)
   training = mode == model_fn.ModeKeys.TRAIN
+  graph = tf.compat.v1.get_default_graph()
+  ops_before = len(graph.get_operations())
   steps, activations = [], [{} for _ in range(num_shards)]
   for backend in backends:
     backend.create_variables(training)
@@ -280,9 +315,8 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
         shard.update(values)
     model_features = lookup_backends.model_features(backends, features,
                                                     batch_size)
-  _check_static_shapes(model_features, 'features')
-  if labels is not None:
-    _check_static_shapes(labels, 'labels')
+  _check_static_shapes(model_features, labels,
+                      lookup_backends.embedding_feature_keys(backends))
 
   def build_shard(shard):
     shard_features, shard_labels = model_features, labels
@@ -299,13 +333,17 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   raw_specs = replication.replicate(
       build_shard, num_shards, [creator for backend in backends
                                 for creator in backend.shared_table_creators()],
-      sliced_training=training and not broadcast)
-  graph = tf.compat.v1.get_default_graph()
+      training=training, sliced=not broadcast,
+      in_tpu_context=mode != model_fn.ModeKeys.PREDICT)
   _localize_dummies(graph)
   # The tables exist before scaffold_fn runs (its Saver, init_from_checkpoint),
   # as TPUEstimator creates them first.
   checkpoint_names = _checkpoint_names(backends, graph)
-  estimator_spec = _merged_spec(raw_specs, mode, loop_body)
+  estimator_spec = _merged_spec(
+      raw_specs, mode, loop_body, static_predictions=not (
+          backends and lookup_backends.predicts_in_model_graph(backends)))
+  if training:
+    replication.global_step_read_at_step_start(graph, ops_before)
   if not training or not backends:
     return model_fn.BuiltGraph(estimator_spec, checkpoint_names)
   updates, hooks = [], list(estimator_spec.training_hooks)

@@ -28,7 +28,10 @@ into each core's own.
 """
 from typing import NamedTuple
 
+import numpy as np
+
 from tpu_fc._tf import tf
+from tpu_fc import _tf_internals as internals
 from tpu_fc.estimator import input_fn as input_fn_lib
 from tpu_fc.estimator.model_fn import ModeKeys
 from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig, TPUConfig
@@ -153,3 +156,63 @@ def per_step_input(inputs, batches_per_call):
       hooks=[hook for given in inputs for hook in given.hooks],
       from_dataset=any(given.from_dataset for given in inputs),
       next_batch_per_step=per_step)
+
+
+def _key_names(value):
+  return sorted(value) if isinstance(value, dict) else []
+
+
+def _dims_in_structure_of(value, dims, index, name):
+  """`dims` at the places of `value`'s tensors; TF's error (its texts name
+  the features `features`, the labels `labels:`) where they do not fit."""
+  try:
+    return internals.flatten_up_to(value, dims)
+  except TypeError as e:
+    raise ValueError(
+        'TPUConfig.input_partition_dims[{index}] mismatched the structure of '
+        '{kind}. input_partition_dims[{index}]: {dims}, {name} {value}. '
+        '{error}'.format(index=index, kind=name.rstrip(':'), dims=dims,
+                         name=name, value=value, error=e)) from e
+
+
+def check_input_partition_dims(tpu_config, features, labels):
+  """TF 2.15's checks of `TPUConfig.input_partition_dims` against a batch, in
+  its order and words (`tpu_estimator.py`, `InputsStructureRecorder`,
+  1324-1398; `tpu_feed.py`, `_check_input_partition_dims`, 905-943), made
+  after input_fn though the partitioning they configure, model parallelism,
+  is not emulated."""
+  feature_dims, label_dims = (list(tpu_config.input_partition_dims) +
+                              [None])[:2]
+  if _key_names(feature_dims) != _key_names(features):
+    raise ValueError('TPUConfig.input_partition_dims[0] mismatched feature '
+                     'keys. Expected {}, got {}'.format(
+                         _key_names(features), _key_names(feature_dims)))
+  if label_dims is not None and _key_names(label_dims) != _key_names(labels):
+    raise ValueError('TPUConfig.input_partition_dims[1] mismatched label '
+                     'keys. Expected {}, got {}'.format(
+                         _key_names(labels), _key_names(label_dims)))
+  label_tensors = tf.nest.flatten(labels) if labels is not None else []
+  tensors = tf.nest.flatten(features) + label_tensors
+  dims = _dims_in_structure_of(features, feature_dims, 0, 'features')
+  if label_dims is None:
+    dims += [None] * len(label_tensors)
+  elif labels is not None:
+    dims += _dims_in_structure_of(labels, label_dims, 1, 'labels:')
+  for tensor, tensor_dims in zip(tensors, dims):
+    if tensor_dims is None:
+      continue
+    tensor_dims = np.array(tensor_dims)
+    if (tensor_dims < 1).any():
+      raise ValueError('All input partition dims must be >= 1.')
+    if tensor_dims.prod() == 1:
+      continue
+    if tensor_dims.prod() != tpu_config.num_cores_per_replica:
+      raise ValueError(
+          'The product of each input partition dim should equal to '
+          'num_cores_per_replica. (dim = {}, num_cores_per_replica = {})'
+          .format(tensor_dims, tpu_config.num_cores_per_replica))
+    if tensor_dims.shape[0] != tensor.shape.ndims:
+      raise ValueError(
+          'Input partition dims must have the same number of dimensions as '
+          'the `Tensor` to be partitioned. (tensor shape = {}, input '
+          'partition dims = {}).'.format(tensor.shape.as_list(), tensor_dims))

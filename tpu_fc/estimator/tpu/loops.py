@@ -150,9 +150,13 @@ def training_loop(build_step, next_batch, iterations, host_call_every_n_steps=1)
   step_reads = [internals.fetched_read(global_step),
                 internals.get_or_create_global_step_read(graph)]
   loop_body = LoopBody(graph.get_name_scope(), host_call_every_n_steps)
-  # The body's summaries, losses and update ops stay in the loop.
+  # The body's summaries, losses and update ops stay in the loop; but for a
+  # TF1 loop's summaries, which stay in the graph's collection, as in TF's TPU
+  # loop: the Scaffold's summary op then refuses them, as TF's does (a v2
+  # loop's body keeps its own collections).
   with tf.control_dependencies(step_reads), \
-      replication.per_replica_entries_dropped(graph):
+      replication.per_replica_entries_dropped(
+          graph, keep_summaries=not tf.compat.v1.control_flow_v2_enabled()):
     _, loss = tf.compat.v1.while_loop(
         lambda step, loss: step < steps_this_run, body,
         [tf.constant(0), tf.constant(0.)],

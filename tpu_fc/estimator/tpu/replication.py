@@ -191,11 +191,14 @@ def _cross_shard_optimizer_keeping_rows(sums):
 
 
 @contextlib.contextmanager
-def per_replica_entries_dropped(graph):
+def per_replica_entries_dropped(graph, keep_summaries=False):
   """What is added to the per-replica collections inside is dropped after: a
-  shard's other than 0 (see module doc), or an in-graph loop body's."""
+  shard's other than 0 (see module doc), or an in-graph loop body's (but its
+  summaries with `keep_summaries`)."""
   before = {key: list(graph.get_collection(key))
-            for key in _PER_REPLICA_COLLECTIONS}
+            for key in _PER_REPLICA_COLLECTIONS
+            if not (keep_summaries and
+                    key == tf.compat.v1.GraphKeys.SUMMARIES)}
   yield
   for key, items in before.items():
     graph.get_collection_ref(key)[:] = items
@@ -301,23 +304,29 @@ def one_replica():
 
 
 def replicate(build_shard, num_shards, shared_table_creators=(),
-              sliced_training=False):
+              training=False, sliced=True, in_tpu_context=True):
   """Calls `build_shard(shard)` for every shard; returns the results in shard order.
 
   `build_shard` builds one shard's model (typically calls the model_fn on that
-  shard's slice of the batch).  It runs inside a TPU shard context of `num_shards`,
-  so TF's TPU feature columns and `CrossShardOptimizer` behave as on a TPU.
+  shard's slice of the batch).  It runs inside a TPU shard context of
+  `num_shards`, so TF's TPU feature columns and `CrossShardOptimizer` behave as
+  on a TPU; not `in_tpu_context` (prediction, which looks up on the CPU), the
+  columns look up as on the CPU.
   `shared_table_creators`: those of the shared columns the model_fn looks up
   in its graph (tensor-core ones), whose cached tables each shard asks for.
-  `sliced_training`: the shards train, each on its slice of the batch: a
-  train_op updating trainable variables without a `cross_replica_sum` is
+  `training`: the shards train; no `cross_replica_sum` in them is refused as
+  TF 2.15 refuses a TF1 control-flow training graph without a
+  `CrossReplicaSum` op (`tpu_estimator.py`, `_validate_tpu_training_graph`,
+  3775-3796; TF skips the check under control flow v2), else, with each
+  shard on its `sliced` batch, a train_op updating trainable variables is
   warned of (see module).
   """
   graph = tf.compat.v1.get_default_graph()
   variables = _SharedVariables()
   sums = _CrossShardSums(num_shards)
   results = {}
-  with internals.tpu_shard_context(num_shards), \
+  with (internals.tpu_shard_context(num_shards) if in_tpu_context else
+        contextlib.nullcontext()), \
       internals.replaced(internals.tpu_ops_module, 'cross_replica_sum', sums), \
       internals.replaced(tf.compat.v1.tpu, 'cross_replica_sum', sums), \
       internals.replaced(tf.compat.v1.tpu, 'CrossShardOptimizer',
@@ -329,11 +338,15 @@ def replicate(build_shard, num_shards, shared_table_creators=(),
       with _collections_of(graph, shard, first_built=position == 0), \
           _variable_store(variables, position > 0, shared_table_creators):
         results[shard] = build_shard(shard)
-  if sliced_training and num_shards > 1 and not sums.summed:
-    _warn_if_core_0_trains_alone(
-        getattr(results[0], 'train_op', None), num_shards,
-        [v for v in variables.created
-         if v.trainable and not naming.is_dummy(v.op.name)])
+  if training and num_shards > 1 and not sums.summed:
+    if not tf.compat.v1.control_flow_v2_enabled():
+      raise ValueError(
+          'CrossShardOptimizer must be used for model training on TPUs.')
+    if sliced:
+      _warn_if_core_0_trains_alone(
+          getattr(results[0], 'train_op', None), num_shards,
+          [v for v in variables.created
+           if v.trainable and not naming.is_dummy(v.op.name)])
   return [results[shard] for shard in range(num_shards)]
 
 
@@ -384,6 +397,43 @@ def _variables_written_by(op):
   return written
 
 
+def global_step_read_at_step_start(graph, ops_before):
+  """Makes each read of the global step among the ops `graph` built after its
+  first `ops_before` run before the step's increment built with them (unless
+  it waits for the increment).
+
+  A TPU step reads a variable as it was at the step's start, so a host_call's
+  `get_global_step()` (TF's summaries idiom) is its step's; in one
+  `session.run` the read and the optimizer's increment race, and the
+  summaries would land on the next step, or twice on one.
+  """
+  global_step = tf.compat.v1.train.get_global_step(graph)
+  if global_step is None and getattr(graph, 'outer_graph', None) is not None:
+    global_step = tf.compat.v1.train.get_global_step(graph.outer_graph)
+  if global_step is None:
+    return
+  on_global_step = [op for op in graph.get_operations()[ops_before:]
+                    if op.inputs and
+                    _variable_of(op.inputs[0]) == global_step.op.name]
+  reads = [op for op in on_global_step if op.type == 'ReadVariableOp']
+  for increment in on_global_step:
+    if any(word in increment.type for word in _WRITES):
+      internals.add_control_inputs(increment, [
+          read for read in reads if increment.name not in _ops_before(read)])
+
+
+def _ops_before(op):
+  """The names of the ops `op` depends on (inputs and control inputs)."""
+  seen, pending = set(), [op]
+  while pending:
+    current = pending.pop()
+    for before in list(current.control_inputs) + [t.op for t in current.inputs]:
+      if before.name not in seen:
+        seen.add(before.name)
+        pending.append(before)
+  return seen
+
+
 def _variable_of(tensor):
   """The name of the variable whose handle (or ref) `tensor` is, or None."""
   while tensor is not None:
@@ -398,7 +448,8 @@ def _variable_of(tensor):
   return None
 
 
-def _batch_size(value):
+def batch_size_of(value):
+  """The batch of a Tensor, SparseTensor or RaggedTensor (a tensor)."""
   if isinstance(value, tf.SparseTensor):
     return value.dense_shape[0]
   if isinstance(value, tf.RaggedTensor):
@@ -416,12 +467,14 @@ def split_batch(value, num_shards, shard, name='Labels'):
     return {k: split_batch(v, num_shards, shard, 'Feature ' + str(k))
             for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return type(value)(split_batch(v, num_shards, shard, name) for v in value)
+    parts = [split_batch(v, num_shards, shard, name) for v in value]
+    return (type(value)(*parts) if hasattr(value, '_fields')  # a namedtuple
+            else type(value)(parts))
   if value is None:
     return None
   if not isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
     value = tf.convert_to_tensor(value)
-  batch = tf.cast(_batch_size(value), tf.int64)
+  batch = tf.cast(batch_size_of(value), tf.int64)
   check = inputs.check_batch_divides(name, batch, num_shards)
   with tf.control_dependencies([check]):
     size = batch // num_shards

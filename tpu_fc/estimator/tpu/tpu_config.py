@@ -111,8 +111,10 @@ class TPUConfig(
       with an `embedding_config_spec` (and warned about otherwise), as in TF
       2.15.
     num_cores_per_replica: model parallelism, which is not emulated: checked
-      (1, 2, 4, ..., 128), and `params['context'].device_assignment` then
-      raises `NotImplementedError`.
+      (1, 2, 4, ..., 128); with more than 1, building the model on the
+      emulated TPU raises `NotImplementedError` (after TF's checks of the
+      configuration and the input), as does
+      `params['context'].device_assignment`.
     per_host_input_for_training: how input_fn feeds the cores in training: an
       `InputPipelineConfig` value, True (`PER_HOST_V1`) or False
       (`PER_SHARD_V1`).
@@ -120,8 +122,9 @@ class TPUConfig(
       `service.tpu_worker_job_name`.
     initial_infeed_sleep_secs: kept, not read (no infeed thread); a positive
       int if given.
-    input_partition_dims: kept, not read (no spatial partitioning); checked
-      as TF 2.15 does.
+    input_partition_dims: no spatial partitioning (it needs
+      `num_cores_per_replica`); checked as TF 2.15 does, here and against
+      the input_fn's features and labels.
     eval_training_input_configuration: `PER_HOST_V1` (evaluation and
       prediction as training's pipeline decides) or `SLICED` (one input_fn
       call with the global batch, sliced over the cores; only with

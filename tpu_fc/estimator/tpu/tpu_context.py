@@ -1,30 +1,129 @@
-"""`params['context']` under `use_tpu=True`: the emulated TPU system, one host.
+"""The emulated TPU system as TPUEstimator and its users see it: one host.
 
-Input pipelines read it to shard their data (`current_input_fn_deployment()`,
+`EmulatedSystem` is what TF 2.15's `_InternalTPUContext` (`TPUEstimator._ctx`)
+answers for a TPU system of one host with `TPUConfig.num_shards` cores, each a
+replica: the master job TPU computations go to, and where each replica's
+input is placed.  `TPUContext` is `params['context']` under `use_tpu=True`:
+input pipelines read it to shard their data (`current_input_fn_deployment()`,
 `current_host`, `num_hosts`) and model_fns to size per-replica work
-(`num_replicas`, `device_assignment`); the values describe the emulated system,
-and an input_fn call's deployment is TF 2.15's for the input pipeline
-(`input_pipeline`).
+(`num_replicas`, `device_for_replica`); an input_fn call's deployment is TF
+2.15's for the input pipeline (`input_pipeline`).
 """
+import contextlib
+import copy
 
-_HOST_DEVICE = '/job:localhost/replica:0/task:0/device:CPU:0'
+from tpu_fc import _tf_internals as internals
+from tpu_fc.estimator.model_fn import ModeKeys
+
+
+def _model_parallelism_refused(num_cores_per_replica, what):
+  return NotImplementedError(
+      'TPUConfig(num_cores_per_replica={}) asks for model parallelism, which '
+      'tpu_fc does not emulate: {}. Leave num_cores_per_replica=None.'.format(
+          num_cores_per_replica, what))
+
+
+def refuse_model_parallelism(num_cores_per_replica):
+  """Raises for `TPUConfig.num_cores_per_replica` > 1 (each replica over
+  several cores), which the emulation cannot build; TF's checks of the
+  configuration and of `input_partition_dims` come first."""
+  if num_cores_per_replica and num_cores_per_replica > 1:
+    raise _model_parallelism_refused(
+        num_cores_per_replica, 'each emulated core runs the whole model_fn')
+
+
+class EmulatedSystem:
+  """TF 2.15's `_InternalTPUContext` of the emulated system (`tpu_context.py`
+  of tensorflow-estimator, 233-880): one host whose `num_shards` cores (1 if
+  None) are the replicas.
+
+  Args:
+    config: the estimator's `RunConfig`: its TPUConfig, master, evaluation
+      master and session config (whose cluster names the master job).
+    mode: the mode of `with_mode`, or None.
+  """
+
+  def __init__(self, config, mode=None):
+    self._config = config
+    self._mode = mode
+
+  @contextlib.contextmanager
+  def with_mode(self, mode):
+    """This context in `mode` (TF's way to set it)."""
+    moded = copy.copy(self)
+    moded._mode = mode  # pylint: disable=protected-access
+    yield moded
+
+  @property
+  def mode(self):
+    if self._mode is None:
+      raise RuntimeError(
+          '`mode` needs to be set via contextmanager `with_mode`.')
+    return self._mode
+
+  @property
+  def num_replicas(self):
+    return self._config.tpu_config.num_shards or 1
+
+  @property
+  def num_hosts(self):
+    return 1
+
+  @property
+  def num_of_replicas_per_host(self):
+    return self.num_replicas
+
+  @property
+  def num_cores_per_replica(self):
+    return self._config.tpu_config.num_cores_per_replica
+
+  @property
+  def master_job(self):
+    """The job TPU computations are placed on, or None (a local master), as
+    TF derives it (lines 598-628): `TPUConfig.tpu_job_name`, else the one the
+    mode's master and the session config's cluster give."""
+    config = self._config
+    if config.tpu_config.tpu_job_name:
+      return config.tpu_config.tpu_job_name
+    master = (config.evaluation_master if self.mode == ModeKeys.EVAL else
+              config.master)
+    cluster_def = (config.session_config.cluster_def
+                   if config.session_config else None)
+    try:
+      return internals.master_job(master, cluster_def)
+    except ValueError as e:
+      raise ValueError(str(e) + ' Please specify a tpu_job_name as part of '
+                       'your TPUConfig.') from e
+
+  def host_device(self, host_id=0):
+    """The CPU device of host `host_id`, where its input_fn runs (TF's
+    `tpu_host_placement_function`, lines 630-652)."""
+    job = self.master_job
+    if job is None:
+      return '/replica:0/task:0/device:CPU:0'
+    return '/job:{}/task:{}/device:CPU:0'.format(job, host_id)
+
+  def device_for_replica(self, replica_id):
+    """(CPU device of the replica's host, the replica's ordinal there), as
+    TF's (lines 800-830)."""
+    job = self.master_job
+    return ('{}/task:0/device:CPU:0'.format('' if job is None else
+                                            '/job:' + job),
+            replica_id % self.num_of_replicas_per_host)
 
 
 class TPUContext:
   """The legacy `TPUContext` of an emulated TPU system with one host.
 
   Args:
-    num_replicas: the emulated cores.
+    system: the `EmulatedSystem` in the mode called.
     input_fn_deployment: for an input_fn's context, its call's (invocation
       index, invocation count, replicas it feeds); None for a model_fn's.
-    num_cores_per_replica: TPUConfig's (model parallelism, not emulated).
   """
 
-  def __init__(self, num_replicas, input_fn_deployment=None,
-               num_cores_per_replica=None):
-    self._num_replicas = num_replicas
+  def __init__(self, system, input_fn_deployment=None):
+    self._system = system
     self._input_fn_deployment = input_fn_deployment
-    self._num_cores_per_replica = num_cores_per_replica
 
   def _require_input_fn(self):
     if self._input_fn_deployment is None:
@@ -39,26 +138,24 @@ class TPUContext:
     if self._input_fn_deployment is not None:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' input_fn.')
-    if self._num_cores_per_replica:
-      raise NotImplementedError(
-          'TPUConfig(num_cores_per_replica={}) asks for model parallelism, '
-          'which tpu_fc does not emulate: there is no device assignment of '
-          'its cores. Leave num_cores_per_replica=None.'.format(
-              self._num_cores_per_replica))
+    if self._system.num_cores_per_replica:
+      raise _model_parallelism_refused(self._system.num_cores_per_replica,
+                                       'there is no device assignment of its '
+                                       'cores')
     return None
 
   def current_input_fn_deployment(self):
     """(host device, invocation index, invocation count, replicas fed)."""
     self._require_input_fn()
-    return (_HOST_DEVICE,) + tuple(self._input_fn_deployment)
+    return (self._system.host_device(),) + tuple(self._input_fn_deployment)
 
   @property
   def num_replicas(self):
-    return self._num_replicas
+    return self._system.num_replicas
 
   @property
   def num_hosts(self):
-    return 1
+    return self._system.num_hosts
 
   @property
   def current_host(self):
@@ -67,4 +164,13 @@ class TPUContext:
 
   @property
   def num_of_replicas_per_host(self):
-    return self._num_replicas
+    return self._system.num_of_replicas_per_host
+
+  def device_for_replica(self, replica_id):
+    """(CPU device of the replica's host, its device ordinal there)."""
+    return self._system.device_for_replica(replica_id)
+
+  @property
+  def tpu_host_placement_function(self):
+    """`host_id -> the CPU device of that host`."""
+    return self._system.host_device

@@ -49,6 +49,10 @@ _BATCH_SIZE_KEY = 'batch_size'
 _USE_TPU_KEY = 'use_tpu'
 _CONTEXT_KEY = 'context'
 _RESERVED_PARAMS_KEYS = [_BATCH_SIZE_KEY, _CONTEXT_KEY]
+# TF 2.15's switch of the same name (`tpu_estimator.py` 107): True builds the
+# TPU's infeed in a while loop, which refuses an input pipeline of queue
+# runners; False (TF's default) warns of one.
+_WRAP_INPUT_FN_INTO_WHILE_LOOP = False
 
 
 def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
@@ -81,6 +85,21 @@ def _check_arguments(tpu_config, params, use_tpu, train_batch_size,
       getattr(embedding_config_spec, 'partition_strategy', None) == 'mod'):
     raise ValueError('Mod sharding of embedding tables not supported on '
                      'CPU.')
+
+
+def _check_no_queue_runners():
+  """TF 2.15's check of a TPU's input pipeline (`tpu_estimator.py`,
+  `_validate_input_pipeline`, 1614-1636), after input_fn: queue runners are
+  refused in an infeed loop (`_WRAP_INPUT_FN_INTO_WHILE_LOOP`), else warned
+  of."""
+  if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.QUEUE_RUNNERS):
+    message = ('Input pipeline contains one or more QueueRunners. It could be '
+               'slow and not scalable. Please consider converting your input '
+               'pipeline to use `tf.data` instead (see '
+               'https://www.tensorflow.org/guide/datasets for instructions.')
+    if _WRAP_INPUT_FN_INTO_WHILE_LOOP:
+      raise RuntimeError(message)
+    internals.tf_logging.warn(message)
 
 
 def _warn_if_tpu_unused(cluster):
@@ -205,7 +224,8 @@ class TPUEstimator(estimator.Estimator):
   emulated system; embedding-core columns give activations and the host
   engine trains their tables with the spec's optimizer and the TPU's update
   rules; `iterations_per_loop` steps run in one `session.run`.  Prediction
-  and export look up on the CPU.
+  and export look up on the CPU (prediction's model_fn per core, as on a
+  TPU).
 
   Its `config` has `log_step_count_steps` None, as TF's (its own hooks log).
   Its `model_fn`, and every export, runs the model as TF 2.15's exports it:
@@ -339,6 +359,8 @@ class TPUEstimator(estimator.Estimator):
     self._export_to_tpu = export_to_tpu
     self._export_to_cpu = export_to_cpu
     self._embedding_config_spec = embedding_config_spec
+    # The emulated system, under TF's name of TPUEstimator's context of it.
+    self._ctx = tpu_context.EmulatedSystem(self._config)
 
   def _check_model_fn_args(self, model_fn, params):
     """Checked before the config's checks, after the TPU's (TF's order)."""
@@ -424,10 +446,18 @@ class TPUEstimator(estimator.Estimator):
         <= 0; listeners without checkpoint saving; the model_fn's or
         input_fn's arguments (they must take `params`; labels given to a
         model_fn without `labels`); a spec the mode cannot run; on the
-        emulated TPU, a batch not divisible by the cores or a feature of
-        unknown static shape.
-      TypeError: a hook or listener of another type.
-      RuntimeError: another run is training this model_dir.
+        emulated TPU (TF's checks, before input_fn), neither `steps` nor
+        `max_steps` or a batch not divisible by the cores, and (after it)
+        an input of unknown static shape, `input_partition_dims` that do
+        not fit it, or, under TF1 control flow, no cross-replica sum on
+        several cores.
+      TypeError: a hook or listener of another type; on the emulated TPU,
+        `steps` or `max_steps` not an int.
+      RuntimeError: another run is training this model_dir; on the emulated
+        TPU, an input of queue runners where TF's switch
+        `_WRAP_INPUT_FN_INTO_WHILE_LOOP` refuses them.
+      NotImplementedError: on the emulated TPU, `num_cores_per_replica` > 1
+        (model parallelism, not emulated).
       PermissionError: `model_dir` is not writable.
     """
     with input_errors.explained(lookup_inputs.failed_check):
@@ -460,9 +490,10 @@ class TPUEstimator(estimator.Estimator):
       metrics, `loss` (its mean over the batches) and `global_step`.
 
     Raises:
-      ValueError: `steps` <= 0 (on the emulated TPU also None, and no
-        `eval_batch_size`), `checkpoint_path` not a checkpoint, and `train`'s
-        checks of the model_fn and input_fn.
+      ValueError: `steps` <= 0 (on the emulated TPU also None, and, before
+        input_fn, no `eval_batch_size` or one not divisible by the cores),
+        `checkpoint_path` not a checkpoint, and `train`'s checks of the
+        model_fn and input_fn.
       TypeError: a hook of another type; on the emulated TPU, `steps` not an
         int.
       RuntimeError: on the emulated TPU, a model_fn returning an
@@ -478,12 +509,14 @@ class TPUEstimator(estimator.Estimator):
 
     A generator: it builds, restores and raises when first iterated.  With
     `use_tpu=True` it looks up on the CPU, as TF's default lookup device does
-    for inference, runs the model_fn once per input batch (under
-    `PER_HOST_V2` a core's) and pads a short last batch, dropping the
-    padding's predictions.
+    for inference, pads each input batch to `predict_batch_size` (dropping
+    the padding's predictions) and runs the model_fn per emulated core on its
+    slice, features and labels, as a TPU does (under `PER_HOST_V2` once per
+    core's batch).
 
     Args:
-      input_fn: as in `train`; labels it returns are ignored.
+      input_fn: as in `train`; labels it returns are ignored but on the
+        emulated TPU, whose model_fn gets them.
       predict_keys: the keys of a predictions dict to compute; None: all.
       hooks: `tf.compat.v1.train.SessionRunHook`s of this prediction.
       checkpoint_path: the checkpoint to predict with; None: the latest (none:
@@ -500,13 +533,31 @@ class TPUEstimator(estimator.Estimator):
         them, predictions of different batch sizes (single examples),
         `checkpoint_path` not a checkpoint, and `train`'s checks of the
         model_fn and input_fn; on the emulated TPU, no `predict_batch_size`
-        or one not divisible by the cores.
-      TypeError: a hook of another type.
+        or one not divisible by the cores, an input of unknown static shape
+        (besides the batch), or a `TPUEstimatorSpec`'s predictions of
+        unknown batch.
+      TypeError: a hook of another type; on the emulated TPU, a
+        `TPUEstimatorSpec`'s predictions that are no dict.
+      NotImplementedError: on the emulated TPU, `num_cores_per_replica` > 1.
     """
     with input_errors.explained(lookup_inputs.failed_check):
       yield from super().predict(*args, **kwargs)
 
   # Training ------------------------------------------------------------------
+
+  def _check_training_steps(self, steps, max_steps):
+    """TF's checks on a TPU, before input_fn: the configuration, then the
+    steps (`tpu_estimator.py` 2967-2987)."""
+    if self._running_on_cpu(ModeKeys.TRAIN):
+      return
+    self._check_tpu_configuration(ModeKeys.TRAIN)
+    if steps is None and max_steps is None:
+      raise ValueError('For TPU training, one of `steps` or `max_steps` must '
+                       'be set. Cannot be both `None`.')
+    if steps is not None:
+      check_positive_integer(steps, 'Train steps')
+    if max_steps is not None:
+      check_positive_integer(max_steps, 'Train max_steps')
 
   def _stop_hooks(self, built, steps, max_steps):
     """Estimator's, and for an in-graph loop the hook feeding its length."""
@@ -559,8 +610,10 @@ class TPUEstimator(estimator.Estimator):
   # Evaluation ----------------------------------------------------------------
 
   def _check_evaluation_steps(self, steps):
-    """TF's checks on a TPU: evaluation needs its steps."""
+    """TF's checks on a TPU, before input_fn: the configuration, then the
+    steps evaluation needs (`tpu_estimator.py` 2989-3000)."""
     if not self._running_on_cpu(ModeKeys.EVAL):
+      self._check_tpu_configuration(ModeKeys.EVAL)
       if steps is None:
         raise ValueError(
             'Evaluate `steps` must be set on TPU. Cannot be `None`.')
@@ -627,43 +680,43 @@ class TPUEstimator(estimator.Estimator):
     None; `loop_body`: the in-graph loop's, when the model is its body.
 
     On CPU (use_tpu=False, or eval with eval_on_tpu=False) the model_fn runs as a
-    plain graph, exactly as TF 2.15's TPUEstimator(use_tpu=False).  Otherwise
-    TRAIN and EVAL emulate the TPU (`emulation`), and PREDICT looks up on
-    the CPU, as TPUEstimator's default lookup device does for inference.
+    plain graph, exactly as TF 2.15's TPUEstimator(use_tpu=False) (but for
+    the order of a step's global step reads and increment).  Otherwise the
+    TPU is emulated (`emulation`): PREDICT looks up on the CPU, as
+    TPUEstimator's default lookup device does for inference.
     """
     config = self.config
     if self._running_on_cpu(mode):
       tf.compat.v1.logging.info('Running %s on CPU/GPU', mode)
+      graph = tf.compat.v1.get_default_graph()
+      ops_before = len(graph.get_operations())
       with build_context.building(mode), replication.one_replica():
-        return model_fn_lib.BuiltGraph(to_estimator_spec(self._call_model_fn(
+        spec = to_estimator_spec(self._call_model_fn(
             features, labels, mode, config,
-            self._params_for(self._batch_sizes[mode], use_tpu=False))))
+            self._params_for(self._batch_sizes[mode], use_tpu=False)))
+      # (a host_call's global step: its step's, as the hook runs it in the
+      # step's session.run)
+      replication.global_step_read_at_step_start(graph, ops_before)
+      return model_fn_lib.BuiltGraph(spec)
+    tpu_context.refuse_model_parallelism(
+        self._config.tpu_config.num_cores_per_replica)
     backends = self._backends(mode, on_tpu=True)
     pipeline = self._deployment(mode)
-    # PREDICT runs the model once per batch of the input (a core's under
-    # PER_HOST_V2).
-    batch_size = (pipeline.input_fn_batch_size if mode == ModeKeys.PREDICT
-                  else pipeline.model_fn_batch_size)
-    # params['context']: the emulated system, as on a TPU.
-    context = tpu_context.TPUContext(
-        self._num_shards(),
-        num_cores_per_replica=self._config.tpu_config.num_cores_per_replica)
-    params = self._params_for(batch_size, use_tpu=True, context=context)
+    with self._ctx.with_mode(mode) as system:  # params['context'], as on a TPU
+      params = self._params_for(pipeline.model_fn_batch_size, use_tpu=True,
+                                context=tpu_context.TPUContext(system))
     call_model_fn = lambda f, l: self._call_model_fn(f, l, mode, config, params)
     if mode == ModeKeys.PREDICT:
       if lookup_backends.predicts_in_model_graph(backends):
         _check_predict_ids_untransformed(features, self._embedding_config_spec)
-        with emulation.infeed_scope():
-          features = lookup_backends.model_features(backends, features, None)
-        with build_context.building(mode):
-          return emulation.predict_padded(
-              lambda f: model_fn_lib.BuiltGraph(to_estimator_spec(
-                  call_model_fn(f, labels))), features, batch_size)
-      # looked up by the host engine, one shard
+      # Each input batch is a TPU step's: padded, then split over the cores
+      # as in training (one core's batch under PER_HOST_V2, the whole one
+      # under BROADCAST); the model_fn gets the labels too (1929-1936).
+      cores = pipeline.num_cores if pipeline.kind == input_pipeline.SPLIT else 1
       return emulation.predict_padded(
-          lambda f: emulation.build(call_model_fn, f, labels, mode, backends, 1,
-                                    batch_size), features, batch_size)
-    self._check_batch_divisible(mode, pipeline)
+          lambda f, l: emulation.build(call_model_fn, f, l, mode, backends,
+                                       cores, pipeline.input_fn_batch_size),
+          features, labels, pipeline.input_fn_batch_size)
     return emulation.build(
         call_model_fn, features, labels, mode, backends, pipeline.num_cores,
         self._batch_sizes[mode], pipeline.kind == input_pipeline.WHOLE,
@@ -695,19 +748,29 @@ class TPUEstimator(estimator.Estimator):
       return eval_steps or 1
     return self._steps_per_tpu_loop or 1
 
-  def _num_shards(self):
-    """Emulated TPU cores: TPUConfig.num_shards, or 1 when left to the system."""
-    return self._config.tpu_config.num_shards or 1
-
   def _deployment(self, mode):
     """How input_fn feeds the emulated cores in `mode` (`input_pipeline`)."""
     return input_pipeline.deployment(self._config.tpu_config, mode,
-                                     self._num_shards(), self._batch_sizes[mode])
+                                     self._ctx.num_replicas,
+                                     self._batch_sizes[mode])
 
-  def _check_batch_divisible(self, mode, pipeline):
-    """TF's check: the cores split the batch (unless each takes all of it)."""
+  def _check_tpu_configuration(self, mode):
+    """TF 2.15's checks of the configuration of `mode` on a TPU, in its order
+    and words (`tpu_context.py`, `_validate_tpu_configuration`, 692-794):
+    evaluation and prediction need their batch size, and the cores split the
+    batch (unless each takes all of it).  TF makes them before input_fn in
+    training and evaluation, after input_fn's `params` check in prediction.
+    The emulated system is one host of `num_shards` cores, so TF's checks of
+    num_shards and of the hosts against the system's never fail here.
+    """
+    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
+             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
     batch_size = self._batch_sizes[mode]
-    if (pipeline.kind != input_pipeline.WHOLE and batch_size is not None and
+    if mode in names and batch_size is None:
+      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
+                       'is running on TPU.'.format(*names[mode]))
+    pipeline = self._deployment(mode)
+    if (pipeline.kind != input_pipeline.WHOLE and
         batch_size % pipeline.num_cores):
       raise ValueError('{} batch size {} must be divisible by number of '
                        'replicas {}'.format(
@@ -744,16 +807,9 @@ class TPUEstimator(estimator.Estimator):
         raise ValueError('Invalid TPUConfig `eval_training_input_configuration`'
                          ' value. SLICED mode only works on use_tpu = True.')
       return super()._call_input_fn(input_fn, mode)
-    # TF 2.15's checks before input_fn: evaluate and predict on a TPU need
-    # their batch size, predict's divisible by the cores.
-    names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
-             ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
-    if mode in names and self._batch_sizes[mode] is None:
-      raise ValueError('{} in TPUEstimator constructor cannot be `None` if {} '
-                       'is running on TPU.'.format(*names[mode]))
+    if mode == ModeKeys.PREDICT:  # (training and evaluation checked it)
+      self._check_tpu_configuration(mode)
     pipeline = self._deployment(mode)
-    if mode == ModeKeys.PREDICT:
-      self._check_batch_divisible(mode, pipeline)
     if mode == ModeKeys.TRAIN and self._embedding_config_spec is not None:
       # TF builds the embedding config before its input pipeline calls input_fn
       # in training (`tpu_estimator.py` 3209-3217): a column error comes first.
@@ -762,12 +818,17 @@ class TPUEstimator(estimator.Estimator):
     # 2.15 gives them per input pipeline.
     calls = []
     for invocation in range(pipeline.input_fn_calls):
-      params = self._params_for(
-          pipeline.input_fn_batch_size, context=tpu_context.TPUContext(
-              self._num_shards(), pipeline.context_deployment(invocation)))
+      with self._ctx.with_mode(mode) as system:
+        params = self._params_for(
+            pipeline.input_fn_batch_size, context=tpu_context.TPUContext(
+                system, pipeline.context_deployment(invocation)))
       calls.append(pipeline.checked(
-          self._invoke_input_fn(input_fn, mode, params)))
-    # (PREDICT runs the model once per batch of the input)
+          self._invoke_input_fn(input_fn, mode, params, keep_labels=True)))
+    _check_no_queue_runners()
+    if self._config.tpu_config.input_partition_dims:
+      input_pipeline.check_input_partition_dims(self._config.tpu_config,
+                                                *calls[0].next_batch())
+    # (a PREDICT step takes one batch of the input)
     return input_pipeline.per_step_input(
         calls, 1 if mode == ModeKeys.PREDICT else pipeline.batches_per_call)
 
