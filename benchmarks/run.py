@@ -189,8 +189,13 @@ class Worker(object):
     self.log = os.path.join(log_dir, '{}-{}.log'.format(
         self.path, job['workload']['dim']))
     sources = os.path.join(log_dir, 'sources')
-    env = dict(os.environ, PYTHONPATH=sources + os.pathsep +
-               os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
+    # Without TF_USE_LEGACY_KERAS: importing tpu_fc sets it where the worker's
+    # TensorFlow wants it, and the latest lane's would break a legacy worker's
+    # TF 2.15 (its tf.keras would look for tf-keras).
+    env = {name: value for name, value in os.environ.items()
+           if name != 'TF_USE_LEGACY_KERAS'}
+    env.update(TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=sources + os.pathsep +
+               os.environ.get('PYTHONPATH', ''))
     with open(self.log, 'w') as log:
       self._process = subprocess.Popen(
           [python, '-m', 'benchmarks.worker'], cwd=sources, env=env,
