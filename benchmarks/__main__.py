@@ -18,11 +18,13 @@ def parse_args(argv):
                       help="the full run's tables, fewer steps and repetitions, "
                       'dim-16 targets only: about 5 minutes')
   parser.add_argument('--scale', action='store_true',
-                      help='also train one 10M x 64 table (needs about 6+ GiB '
-                      'per path) and record its peak RSS in OUT/scale.json')
+                      help='also the scaling sweep: one 64-wide table of '
+                      '1/100, 1/10 and all of --scale-rows rows, at 1/4 and '
+                      'all of --batch-size (the largest needs 6+ GiB per '
+                      'path); step times and peak RSS kept in OUT/scale.json')
   parser.add_argument('--scale-rows', type=int, default=10_000_000)
   parser.add_argument('--out', default=DEFAULT_OUT,
-                      help='folder for results_<mode>.json/.md/.png')
+                      help='folder for results_<mode>.json/.md/.png (the chart)')
   parser.add_argument('--paths', nargs='+', choices=list(run.TRAINING_PATHS),
                       help='measure only these training paths')
   parser.add_argument('--dims', nargs='+', type=int, choices=(16, 64),
@@ -82,11 +84,7 @@ def main(argv=None):
   command = 'python -m benchmarks ' + ' '.join(shlex.quote(a) for a in argv)
   results = run.run(settings, command.strip())
   _scale_record(results, args.out)
-  lines = report.write(results, args.out)
-  print('results: {} ({:.0f} s)'.format(
-      os.path.join(args.out, 'results_{}.{{json,md,png}}'.format(
-          results['mode'])), results['seconds']))
-  for line in lines:
+  for line in report.write(results, args.out):
     print(line)
 
 

@@ -1,7 +1,6 @@
 """Targets, the markdown report, the chart and the verdict lines, from the results dict."""
 import os
 
-from benchmarks import png
 from benchmarks.run import TRAINING_PATHS
 
 _GIB = 2**30
@@ -146,7 +145,29 @@ def _k(rate):
   return '{:.1f}k'.format(rate / 1e3)
 
 
-def markdown(results, found):
+MATPLOTLIB_MISSING = (
+    'no chart: matplotlib is not installed (scripts/lane.sh installs it; '
+    'elsewhere pip install -e ".[bench]")')
+
+
+def _machine(machine):
+  return '{}, {} usable CPUs of {}, {:.1f} GiB'.format(
+      machine['cpu'], machine['usable_cpus'], machine['cpus'],
+      machine['memory_bytes'] / _GIB)
+
+
+def _lanes(machine):
+  """The lane and versions the paths ran on (legacy_cpu's after a ';' where
+  it ran on an interpreter of its own)."""
+  lanes = {role: '{lane} lane, TensorFlow {tensorflow}, Python {python}'.format(
+      **info) for role, info in machine['interpreters'].items()}
+  legacy = lanes.get('legacy_python', lanes['python'])
+  return lanes['python'] + ('' if legacy == lanes['python'] else
+                            '; legacy_cpu: ' + legacy)
+
+
+def markdown(results, found, chart):
+  """The report; `chart`: the chart's file name, None if none was drawn."""
   machine = results['machine']
   settings = results['settings']
   bandwidth = results['bandwidth']
@@ -157,16 +178,10 @@ def markdown(results, found):
       results['date'], results['seconds'], machine['git_commit'],
       '' if uncommitted is None else ' (copied at the start; uncommitted: {})'
       .format(', '.join(uncommitted) or 'none')))
-  out.append('- machine: {}, {} usable CPUs of {}, {:.1f} GiB; load average '
-             '{:.2f} at start, {:.2f} at end'.format(
-                 machine['cpu'], machine['usable_cpus'], machine['cpus'],
-                 machine['memory_bytes'] / _GIB,
-                 machine['load_average_start'][0],
-                 machine['load_average_end'][0]))
-  for lane, info in machine['interpreters'].items():
-    out.append('- {}: TensorFlow {} (`{}`)'.format(
-        'legacy paths' if lane == 'legacy_python' else 'other paths',
-        info['tensorflow'], info['executable']))
+  out.append('- machine: {}; load average {:.2f} at start, {:.2f} at end'
+             .format(_machine(machine), machine['load_average_start'][0],
+                     machine['load_average_end'][0]))
+  out.append('- lane: ' + _lanes(machine))
   out.append(
       '- every path: batch {}, {} threads (intra and inter op), warm-up {} '
       'steps, then {} repetitions of {} steps, interleaved path by path (a '
@@ -188,6 +203,9 @@ def markdown(results, found):
                  bandwidth['multi_thread_bytes_per_s'] / 1e9,
                  bandwidth['threads'],
                  bandwidth['single_thread_bytes_per_s'] / 1e9))
+  out.append('')
+  out.append(MATPLOTLIB_MISSING if chart is None else
+             '![throughput per path beside the anchors]({})'.format(chart))
   out.append('')
   for entry in results['training']:
     traffic = entry['traffic']
@@ -260,6 +278,22 @@ def markdown(results, found):
       else:
         out.append('| {} | failed | | |'.format(path))
     out.append('')
+    if scale.get('sweep'):
+      out.append("Step time against table size and batch (the chart's last "
+                 'panel):')
+      out.append('')
+      out.append('| path | batch | table rows | p50 step ms | examples/s | '
+                 'peak RSS GiB |')
+      out.append('|---|---:|---:|---:|---:|---:|')
+      for path, points in scale['sweep'].items():
+        for point in points:
+          out.append('| {} | {} | {} | {} |'.format(
+              path, point['batch_size'], point['rows'],
+              'failed | | |' if 'p50_step_ms' not in point else
+              '{:.1f} | {:.0f} | {:.2f}'.format(
+                  point['p50_step_ms'], point['examples_per_s'],
+                  point['peak_rss_bytes'] / _GIB)))
+      out.append('')
   out.append('## Targets')
   out.append('')
   out.append('| target | measured | goal | verdict | what |')
@@ -277,29 +311,24 @@ def markdown(results, found):
   return '\n'.join(out)
 
 
-def chart(results, path):
-  groups = []
-  for entry in results['training']:
-    legacy = _rate(entry, 'legacy_cpu')
-    bars = []
-    for name, result in entry['paths'].items():
-      rate = result.get('examples_per_s')
-      text = 'failed' if rate is None else _k(rate) + (
-          ' ({:.2f}x legacy)'.format(rate / legacy) if legacy else '')
-      bars.append((name, rate, text))
-    groups.append((entry['workload'] + ' training examples/s', bars))
-  models = results.get('serving', {}).get('models', {})
-  if models:
-    groups.append(('serving batch 512 examples/s', [
-        (name, m['throughput_examples_per_s'],
-         '{} (p50 {:.2f} ms)'.format(_k(m['throughput_examples_per_s']),
-                                     m['p50_latency_ms']))
-        for name, m in models.items()]))
-  png.bar_chart(groups, path)
+def _draw_chart(results, path):
+  """Draws the chart at `path`: None, or where matplotlib is missing the
+  one-line hint instead."""
+  try:
+    from benchmarks import charts  # pylint: disable=g-import-not-at-top
+  except ModuleNotFoundError as missing:
+    if missing.name.partition('.')[0] != 'matplotlib':
+      raise
+    return MATPLOTLIB_MISSING
+  machine = results['machine']
+  charts.draw(results, path, 'tpu_fc benchmarks, {} run of {}\n{}; {}'.format(
+      results['mode'], results['date'], _machine(machine), _lanes(machine)))
+  return None
 
 
 def write(results, out_dir):
-  """results_<mode>.json / .md / .png in out_dir; returns the verdict lines."""
+  """results_<mode>.json / .md / .png in out_dir; returns the lines to print:
+  the files, the hint where matplotlib is missing, the verdicts."""
   import json  # pylint: disable=g-import-not-at-top
   found = targets(results)
   results['targets'] = found
@@ -307,7 +336,10 @@ def write(results, out_dir):
   stem = os.path.join(out_dir, 'results_' + results['mode'])
   with open(stem + '.json', 'w') as out:
     json.dump(results, out, indent=1, default=float)
+  hint = _draw_chart(results, stem + '.png')
   with open(stem + '.md', 'w') as out:
-    out.write(markdown(results, found))
-  chart(results, stem + '.png')
-  return verdict_lines(found)
+    out.write(markdown(results, found, None if hint else
+                       os.path.basename(stem) + '.png'))
+  files = 'results: {}.{{json,md{}}} ({:.0f} s)'.format(
+      stem, '' if hint else ',png', results['seconds'])
+  return [files] + ([hint] if hint else []) + verdict_lines(found)

@@ -129,8 +129,10 @@ def plan(args):
     experiments = [(w, tuple(x for x in p if x in args.paths))
                    for w, p in experiments]
   python = sys.executable
-  legacy_python = args.legacy_python or (python if _has_estimator(python) else
-                                         None)
+  # Absolute: the workers start in the run's copy of the sources.
+  legacy_python = (os.path.abspath(args.legacy_python) if args.legacy_python
+                   else python if interpreter(python)['lane'] == 'legacy'
+                   else None)
   if not legacy_python:
     experiments = [(w, tuple(x for x in p if x not in LEGACY_ONLY_PATHS))
                    for w, p in experiments]
@@ -146,11 +148,20 @@ def plan(args):
       legacy_python=legacy_python, **values)
 
 
-def _has_estimator(python):
-  """Whether `python` has TF 2.15's tensorflow_estimator (the legacy lane)."""
-  probe = ('import importlib.util, sys; '
-           'sys.exit(importlib.util.find_spec("tensorflow_estimator") is None)')
-  return subprocess.run([python, '-c', probe]).returncode == 0
+_INTERPRETER_PROBE = (
+    'import importlib.util, json, platform; from importlib import metadata; '
+    'print(json.dumps(dict(lane="legacy" if importlib.util.find_spec('
+    '"tensorflow_estimator") else "latest", tensorflow=metadata.version('
+    '"tensorflow"), python=platform.python_version())))')
+
+
+def interpreter(python):
+  """{lane, tensorflow, python} of the interpreter `python` (the legacy lane's
+  has TF 2.15's tensorflow_estimator): what the report records of it, never
+  its path, which is one machine's."""
+  return json.loads(subprocess.run([python, '-c', _INTERPRETER_PROBE],
+                                   capture_output=True, text=True,
+                                   check=True).stdout)
 
 
 class WorkerFailed(Exception):
@@ -178,8 +189,13 @@ class Worker(object):
     self.log = os.path.join(log_dir, '{}-{}.log'.format(
         self.path, job['workload']['dim']))
     sources = os.path.join(log_dir, 'sources')
-    env = dict(os.environ, PYTHONPATH=sources + os.pathsep +
-               os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
+    # Without TF_USE_LEGACY_KERAS: importing tpu_fc sets it where the worker's
+    # TensorFlow wants it, and the latest lane's would break a legacy worker's
+    # TF 2.15 (its tf.keras would look for tf-keras).
+    env = {name: value for name, value in os.environ.items()
+           if name != 'TF_USE_LEGACY_KERAS'}
+    env.update(TF_CPP_MIN_LOG_LEVEL='2', PYTHONPATH=sources + os.pathsep +
+               os.environ.get('PYTHONPATH', ''))
     with open(self.log, 'w') as log:
       self._process = subprocess.Popen(
           [python, '-m', 'benchmarks.worker'], cwd=sources, env=env,
@@ -328,14 +344,9 @@ def machine_info(settings):
               if l.startswith('model name')]
   with open('/proc/meminfo') as meminfo:
     total = int(meminfo.readline().split()[1]) * 1024
-  versions = {}
-  for lane, python in (('python', settings.python),
-                       ('legacy_python', settings.legacy_python)):
-    if python:
-      versions[lane] = {'executable': python, 'tensorflow': subprocess.run(
-          [python, '-c', 'from importlib import metadata; '
-           'print(metadata.version("tensorflow"))'],
-          capture_output=True, text=True).stdout.strip()}
+  interpreters = {role: interpreter(python) for role, python in (
+      ('python', settings.python), ('legacy_python', settings.legacy_python))
+                  if python}
   commit = subprocess.run(['git', 'describe', '--always', '--dirty'],
                           cwd=REPO, capture_output=True, text=True).stdout.strip()
   changed = subprocess.run(['git', 'status', '--short', '--', 'tpu_fc',
@@ -344,7 +355,7 @@ def machine_info(settings):
   return {'cpu': models[0] if models else 'unknown',
           'cpus': os.cpu_count(), 'usable_cpus': len(os.sched_getaffinity(0)),
           'memory_bytes': total, 'load_average_start': os.getloadavg(),
-          'interpreters': versions, 'git_commit': commit,
+          'interpreters': interpreters, 'git_commit': commit,
           'uncommitted_sources': [line[3:] for line in changed if line]}
 
 
@@ -356,8 +367,11 @@ def run(settings, command, log=print):
   results = {'command': command, 'mode': settings.mode,
              'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'),
              'machine': machine_info(settings), 'logs': log_dir,
+             # (the interpreters by lane and versions in 'machine': their
+             # paths are one machine's)
              'settings': {k: v for k, v in dataclasses.asdict(settings).items()
-                          if k != 'experiments'}}
+                          if k not in ('experiments', 'python',
+                                       'legacy_python')}}
   log('tpu_fc benchmarks ({}), worker logs in {}'.format(settings.mode, log_dir))
   results['bandwidth'] = measure_bandwidth(threads=settings.threads)
   log('memory copy bandwidth: {:.1f} GB/s (1 thread {:.1f} GB/s)'.format(
@@ -429,27 +443,47 @@ def measure_serving(settings, exports, log_dir, log):
   return dict(done, workload=workload.name)
 
 
+# The --scale sweep: one table of --scale-rows rows divided by each row divisor,
+# at --batch-size divided by each batch divisor; the last point (the whole table
+# and batch) is the one the peak-RSS target reads.
+SCALE_ROW_DIVISORS = (100, 10, 1)
+SCALE_BATCH_DIVISORS = (4, 1)
+
+
 def measure_scale(settings, log_dir, log):
-  """One 10M x 64 table with Adagrad: peak RSS against table + slot bytes."""
-  workload = workload_lib.Workload(
-      dim=64, vocabularies=(settings.scale_rows,),
-      batch_size=settings.batch_size, num_batches=4)
-  table_and_slot = 2 * workload.table_bytes
+  """One 64-wide table with Adagrad, a few steps per path at each point of the
+  sweep: step time against table rows and batch, and at the largest table
+  (10M x 64) peak RSS against table + slot bytes."""
   scale_settings = dataclasses.replace(
       settings, warmup_steps=settings.iterations_per_loop,
       steps_per_rep=settings.iterations_per_loop, reps=2)
+  table_and_slot = 2 * settings.scale_rows * 64 * workload_lib.FLOAT_BYTES
   results = {'rows': settings.scale_rows, 'dim': 64,
-             'table_and_slot_bytes': table_and_slot, 'paths': {}}
+             'batch_size': settings.batch_size,
+             'table_and_slot_bytes': table_and_slot, 'paths': {}, 'sweep': {}}
   for path in SCALE_PATHS:
     if not _python_for(settings, path):
       continue
-    log('scale: {} rows x 64, {}'.format(settings.scale_rows, path))
-    result = run_group(scale_settings, workload, [path], log_dir, log=log)[path]
-    if 'peak_rss_bytes' in result:
-      result['peak_rss_over_table_and_slot'] = (
-          result['peak_rss_bytes'] / table_and_slot)
+    points = results['sweep'][path] = []
+    for batch_divisor in SCALE_BATCH_DIVISORS:
+      for row_divisor in SCALE_ROW_DIVISORS:
+        workload = workload_lib.Workload(
+            dim=64, vocabularies=(settings.scale_rows // row_divisor,),
+            batch_size=settings.batch_size // batch_divisor, num_batches=4)
+        (rows,) = workload.table_sizes
+        log('scale: {} rows x 64, batch {}, {}'.format(
+            rows, workload.batch_size, path))
+        result = run_group(scale_settings, workload, [path], log_dir,
+                           log=log)[path]
+        if 'p50_step_ms' in result:
+          log('  p50 step {:.1f} ms, peak RSS {:.2f} GiB'.format(
+              result['p50_step_ms'], result['peak_rss_bytes'] / _GIB))
+        points.append(dict(result, rows=rows, batch_size=workload.batch_size))
+    target = results['paths'][path] = points[-1]
+    if 'peak_rss_bytes' in target:
+      target['peak_rss_over_table_and_slot'] = (
+          target['peak_rss_bytes'] / table_and_slot)
       log('  peak RSS {:.2f} GiB = {:.2f} x table + slot ({:.2f} GiB)'.format(
-          result['peak_rss_bytes'] / _GIB,
-          result['peak_rss_over_table_and_slot'], table_and_slot / _GIB))
-    results['paths'][path] = result
+          target['peak_rss_bytes'] / _GIB,
+          target['peak_rss_over_table_and_slot'], table_and_slot / _GIB))
   return results

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Usage: [TPU_FC_PYTHON=X.Y] scripts/lane.sh {legacy|latest} COMMAND [ARGS...]
 # Runs COMMAND, in the current directory, inside the lane's virtualenv (.venv-<lane>
-# in the repo), creating it and installing tpu_fc with the lane's TensorFlow on
+# in the repo), creating it and installing tpu_fc with the lane's TensorFlow, the
+# test tools and the benchmarks' matplotlib (the test and bench extras) on
 # first use, every package pinned by constraints/<lane>.txt (refreshed by
 # scripts/refresh_constraints.sh); a changed constraints file or setup.cfg
 # reinstalls.  The lane runs on Python 3.11; TPU_FC_PYTHON=X.Y runs it on Python
@@ -29,7 +30,7 @@ stamp=$(cat "$constraints" "$root/setup.cfg" | cksum)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.installed" 2>/dev/null)" != "$stamp" ]; then
   "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip -c "$constraints"
-  "$venv/bin/python" -m pip install -q -c "$constraints" -e "$root[$lane,test]"
+  "$venv/bin/python" -m pip install -q -c "$constraints" -e "$root[$lane,test,bench]"
   echo "$stamp" > "$venv/.installed"
 fi
 export PATH="$venv/bin:$PATH"

@@ -21,7 +21,7 @@ refresh() {
   trap 'rm -rf "$venv"' EXIT
   "$python" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q "$root[$lane,test]"
+  "$venv/bin/python" -m pip install -q "$root[$lane,test,bench]"
   {
     echo "# Every package of the $lane lane${suffix:+ on Python $version}, pinned;" \
       "written by scripts/refresh_constraints.sh."

@@ -231,6 +231,12 @@ def test_imports_are_found_in_statements_and_in_script_sources():
                                      'tpu_fc', 'test_script'}
 
 
+def test_the_library_never_imports_the_benchmarks_plotting_library():
+  """matplotlib is the benchmarks' (the `bench` extra), not tpu_fc's."""
+  assert not [module for module, tree in _modules().items()
+              if 'matplotlib' in _imported_modules(tree)]
+
+
 def test_no_test_module_imports_another():
   """What tests share is in tests/harness/; a test module imports none of
   its peers, nor do the scripts tests run (tests/scripts/, and the scripts
