@@ -28,7 +28,11 @@ from harness.checkpoints import (A_TABLE, BATCH, OPTIMIZERS, SHARED_TABLE,
                                  input_fn, make_spec, model_fn,
                                  tpu_embedding_variables, train)
 
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_checkpoint_conversion')
+
 fc = tf.feature_column
+
 
 def legacy_slot_names(spec):
   return {table: ['{}/{}'.format(table, suffix)

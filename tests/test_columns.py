@@ -19,6 +19,9 @@ from tpu_fc import build_context
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_fc  # pylint: disable=g-bad-import-order
 
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_columns')
+
 fc = tf.feature_column
 
 TF_EMBEDDING = tf_tpu_fc.embedding_column_v2

@@ -22,6 +22,9 @@ from harness import oracle
 from harness.checkpoints import (A_TABLE, OPTIMIZERS, SHARED_TABLE,
                                  checkpoint_values, make_spec, train)
 
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_embedding_checkpoints')
+
 W_TABLE = 'dense_features/w_weighted_by_w_weight_embedding/embedding_weights'
 LEGACY_NAMES = {'tbl_a': A_TABLE, 'tbl_w_weighted_by_w_weight': W_TABLE,
                 'tbl_b_c_shared_embedding': SHARED_TABLE}
