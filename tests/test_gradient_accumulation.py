@@ -17,13 +17,15 @@ the other setting's numbers.
 import numpy as np
 import pytest
 
+from harness import covering
 from harness import models
 from harness import oracle
 import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
 
-pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
+              pytest.mark.xdist_group('test_gradient_accumulation')]
 
 VOCAB, DIM = 8, 2
 TABLE = 'dense_features/x_embedding/embedding_weights'
@@ -135,14 +137,26 @@ def _adagrad_by_hand(in_order):
   return table, accumulators
 
 
-def _trained(tmp_path, setting, name, num_shards):
-  estimator = train_one_step(tmp_path, OPTIMIZERS[setting][name], num_shards)
-  return estimator.get_variable_value(TABLE), estimator
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  """(setting, name, num_shards) -> (table, estimator) after that one step,
+  run once for the tests reading it (by hand, and against the reference)."""
+  done = {}
+
+  def train(setting, name, num_shards):
+    case = (setting, name, num_shards)
+    if case not in done:
+      estimator = train_one_step(
+          tmp_path_factory.mktemp('-'.join(map(str, case))),
+          OPTIMIZERS[setting][name], num_shards)
+      done[case] = estimator.get_variable_value(TABLE), estimator
+    return done[case]
+  return train
 
 
-def test_adagrad_by_hand_two_cores_summed(tmp_path):
+def test_adagrad_by_hand_two_cores_summed(trained):
   """The default: every core's gradients of a row summed, one update."""
-  table, estimator = _trained(tmp_path, 'summed', 'adagrad', 2)
+  table, estimator = trained('summed', 'adagrad', 2)
   accumulators = estimator.get_variable_value(TABLE + '/Adagrad')
   # id 0: 1.5; id 1: 1.5 + 1.0 + 0.5; id 2: 1.0 + 0.5 + 0.0; id 3: 0.
   want_table, want_accumulators = _adagrad_by_hand(
@@ -154,10 +168,10 @@ def test_adagrad_by_hand_two_cores_summed(tmp_path):
   np.testing.assert_allclose(table, want_table, rtol=1e-6, atol=1e-7)
 
 
-def test_adagrad_by_hand_two_cores_per_core(tmp_path):
+def test_adagrad_by_hand_two_cores_per_core(trained):
   """TF's test (accumulation off): accumulators init + g0² + g1², rows moved
   by two Adagrad steps."""
-  table, estimator = _trained(tmp_path, 'per_core', 'adagrad', 2)
+  table, estimator = trained('per_core', 'adagrad', 2)
   accumulators = estimator.get_variable_value(TABLE + '/Adagrad')
   # id 0: core 0 only, g = 1.5.  id 3: core 1 only, g = 0.
   # id 1: core 0 sums 1.5 + 1.0, core 1 has 0.5; its holder is core 1.
@@ -182,8 +196,8 @@ def _momentum_by_hand(in_order):
   return want
 
 
-def test_momentum_by_hand_four_cores_in_ring_order(tmp_path):
-  table, _ = _trained(tmp_path, 'per_core', 'momentum', 4)
+def test_momentum_by_hand_four_cores_in_ring_order(trained):
+  table, _ = trained('per_core', 'momentum', 4)
   want = _momentum_by_hand({0: [0.9], 5: [0.7, 0.25, 0.9], 6: [0.25, -0.4],
                             1: [0.2, 0.3], 2: [-0.6], 3: [0.5]})
   # By hand in float64: the engine's float32 rounds a few times (~1e-7).
@@ -195,8 +209,8 @@ def test_momentum_by_hand_four_cores_in_ring_order(tmp_path):
 
 
 @pytest.mark.parametrize('setting', sorted(OPTIMIZERS))
-def test_momentum_by_hand_eight_cores(tmp_path, setting):
-  table, _ = _trained(tmp_path, setting, 'momentum', 8)
+def test_momentum_by_hand_eight_cores(trained, setting):
+  table, _ = trained(setting, 'momentum', 8)
   if setting == 'summed':  # one step of each id's total
     in_order = {3: [0.4 - 0.3 + 0.2 - 0.5 + 0.7], 5: [-0.3 + 0.1], 7: [0.6],
                 0: [-0.5], 6: [0.8], 1: [0.7]}
@@ -215,14 +229,27 @@ def _reference_step(optimizer, num_shards):
   return want.step(ids, gradients, LR, cores=cores, num_cores=num_shards)
 
 
-@pytest.mark.parametrize('num_shards', [2, 8])
-@pytest.mark.parametrize('setting,name', [
-    (setting, name) for setting in sorted(OPTIMIZERS)
-    for name in sorted(OPTIMIZERS[setting]) if name != MID_LEVEL_ONLY])
-def test_every_optimizer_on_several_cores(tmp_path, setting, name, num_shards):
+# The cases trained for the tests by hand, which read the same trainings.
+BY_HAND = [(setting, 'adagrad', 2) for setting in sorted(OPTIMIZERS)] + [
+    (setting, 'momentum', 8) for setting in sorted(OPTIMIZERS)]
+# Pairwise over setting x optimizer x cores: every optimizer in each setting
+# that allows it, each on 2 and on 8 cores, each setting on both.  The
+# setting decides which gradients of a row make one update (all cores' summed,
+# or each core's sum in turn) and the cores which ids each core holds; the
+# optimizer's rule applies to whatever sums it is handed, so a bug of the
+# three together is one of two of them.
+CASES = covering.pairwise(
+    [(setting, name, num_shards) for setting in sorted(OPTIMIZERS)
+     for name in sorted(OPTIMIZERS[setting]) if name != MID_LEVEL_ONLY
+     for num_shards in (2, 8)], keep=BY_HAND)
+
+
+@pytest.mark.parametrize('setting, name, num_shards', CASES,
+                         ids=['-'.join(map(str, case)) for case in CASES])
+def test_every_optimizer_on_several_cores(trained, setting, name, num_shards):
   """The emulated estimator applies the setting's rule."""
   optimizer = OPTIMIZERS[setting][name]
-  table, estimator = _trained(tmp_path, setting, name, num_shards)
+  table, estimator = trained(setting, name, num_shards)
   _assert_the_setting_applied(
       setting, name, num_shards, table,
       {slot: estimator.get_variable_value('{}/{}'.format(TABLE, suffix))

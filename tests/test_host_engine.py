@@ -19,6 +19,7 @@ import copy
 import numpy as np
 import pytest
 
+from harness import covering
 from harness import inputs
 from harness import oracle
 import tpu_fc
@@ -202,24 +203,47 @@ OPTIMIZERS = {
 }
 
 
+# Pairwise over optimizer x input kind x combiner x shards (each optimizer on
+# 1 or 2 shards, in turn): every optimizer updates a table of every input kind
+# and of every combiner, every input kind meets every combiner, and each shard
+# count sees every kind and combiner (4 tables an optimizer, not 12).  The
+# input kind and the combiner make the rows' gradients, which the optimizer's
+# rule sees only summed by row and core: no bug needs all four together.
+MATRIX = covering.pairwise(
+    (optimizer, 1 + i % 2, kind, combiner)
+    for i, optimizer in enumerate(sorted(OPTIMIZERS))
+    for kind in sorted(inputs.INPUTS) for combiner in COMBINERS)
+
+
+def _feat(kind, combiner, ids, weighted=False, seed=0):
+  """The feature `<kind>_<combiner>` of `ids` (seeded apart by both)."""
+  return inputs.Feat(f'{kind}_{combiner}', ids, combiner, weighted=weighted,
+                     seed=seed + len(inputs.INPUTS) * COMBINERS.index(combiner)
+                     + sorted(inputs.INPUTS).index(kind))
+
+
 @pytest.mark.parametrize('optimizer', sorted(OPTIMIZERS))
 def test_optimizer_combiner_input_matrix(optimizer):
-  """Every combiner x input kind (12 tables in one graph) for every optimizer."""
-  num_shards = 1 + sorted(OPTIMIZERS).index(optimizer) % 2
-  feats = [inputs.Feat(f'{kind}_{combiner}', inputs.unweighted(inputs.INPUTS[kind]), combiner,
-                seed=len(inputs.INPUTS) * c + k)
-           for c, combiner in enumerate(COMBINERS)
-           for k, kind in enumerate(sorted(inputs.INPUTS))]
+  """Every optimizer on every combiner and input kind: its MATRIX tables,
+  in one graph."""
+  (num_shards,) = {shards for name, shards, _, _ in MATRIX if name == optimizer}
+  feats = [_feat(kind, combiner, inputs.unweighted(inputs.INPUTS[kind]))
+           for name, _, kind, combiner in MATRIX if name == optimizer]
   check([f.column() for f in feats], feats,
         OPTIMIZERS[optimizer](), num_shards=num_shards)
 
 
+# Pairwise over shards x weighted input kind x combiner: each shard count
+# weighs both kinds and every combiner, each kind under every combiner.
+WEIGHTED = covering.pairwise(
+    (num_shards, kind, combiner) for num_shards in (1, 2)
+    for kind in ('ragged', 'sparse') for combiner in COMBINERS)
+
+
 @pytest.mark.parametrize('num_shards', [1, 2])
 def test_weighted_sparse_and_ragged_weights(num_shards):
-  feats = [inputs.Feat(f'{kind}_{combiner}', inputs.INPUTS[kind], combiner, weighted=True,
-                seed=10 + 2 * c + k)
-           for c, combiner in enumerate(COMBINERS)
-           for k, kind in enumerate(('ragged', 'sparse'))]
+  feats = [_feat(kind, combiner, inputs.INPUTS[kind], weighted=True, seed=10)
+           for shards, kind, combiner in WEIGHTED if shards == num_shards]
   check([f.column() for f in feats], feats,
         tpu_fc.AdagradParameters(0.3, initial_accumulator=0.2),
         num_shards=num_shards)
@@ -468,22 +492,28 @@ def test_clipping_binds():
 # Sharding. ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize('accumulation', [True, False],
-                         ids=['summed', 'per_core'])
 @pytest.mark.parametrize('optimizer', ['sgd', 'adagrad', 'adam_lazy'])
-def test_two_shards_against_one_shard(optimizer, accumulation):
+def test_two_shards_against_one_shard(optimizer):
   """Loss = sum over examples: with gradient accumulation (the default) two
   shards move every row as one shard does; without it a row seen by one core
   does, a row seen by both cores too under SGD only (two Adagrad or Adam steps
-  from per-core sums are not one step from their total)."""
+  from per-core sums are not one step from their total).  One one-shard run
+  for both settings."""
   feats = [inputs.Feat('x', inputs.unweighted(inputs.SPARSE), 'mean', seed=60),  # id 3: both cores
            inputs.Feat('y', inputs.RAGGED, 'sqrtn', weighted=True, seed=61)]
   one, _, _ = check([f.column() for f in feats], feats,
                     OPTIMIZERS[optimizer](), num_steps=1, num_shards=1)
-  two, _, table_of = check(
-      [f.column() for f in feats], feats,
-      OPTIMIZERS[optimizer]().replace(use_gradient_accumulation=accumulation),
-      num_steps=1, num_shards=2)
+  for accumulation in (True, False):
+    two, _, table_of = check(
+        [f.column() for f in feats], feats,
+        OPTIMIZERS[optimizer]().replace(use_gradient_accumulation=accumulation),
+        num_steps=1, num_shards=2)
+    _assert_two_shards_move_rows_as_one(feats, one[0], two[0], table_of,
+                                        accumulation or optimizer == 'sgd')
+
+
+def _assert_two_shards_move_rows_as_one(feats, one, two, table_of, both_alike):
+  """Rows one core saw alike; rows both cores saw alike iff `both_alike`."""
   seen_by_both = 0
   for feat in feats:
     cores_of = {}
@@ -493,11 +523,11 @@ def test_two_shards_against_one_shard(optimizer, accumulation):
     single = sorted(set(range(VOCAB)) - set(both))
     seen_by_both += len(both)
     table = table_of[feat.name]
-    got, want = two[0]['tables'][table], one[0]['tables'][table]
+    got, want = two['tables'][table], one['tables'][table]
     # Engine against engine on values below 2: alike where one core saw the
     # row, a few roundings (~1e-7) apart where two cores' sums are applied.
     np.testing.assert_allclose(got[single], want[single], rtol=1e-6, atol=1e-6)
-    if accumulation or optimizer == 'sgd':
+    if both_alike:
       np.testing.assert_allclose(got[both], want[both], rtol=1e-6, atol=1e-6)
     else:
       assert np.all(np.abs(got[both] - want[both]).max(axis=1) > 1e-4)
@@ -784,19 +814,18 @@ def test_id_out_of_vocabulary_known_statically_fails_naming_the_feature():
         sess.run(shards)
 
 
-@pytest.mark.parametrize('combiner', COMBINERS)
-def test_negative_ids_are_padding(combiner):
+def test_negative_ids_are_padding():
   """Negative ids are dropped with their weights (the engine's rule, as TF's safe
-  lookups): the activation and the update are those without them."""
-  feats = [
-      inputs.Feat('sparse', inputs.Ids('sparse', [(0, 0, 3), (0, 1, -1), (1, 0, -4), (2, 0, 6),
-                                    (2, 1, 6), (3, 2, 1)],
-                         weights=[0.5, 3.0, 2.0, 1.0, 2.0, -1.5]),
-           combiner, weighted=True, seed=110),
-      inputs.Feat('ragged', inputs.Ids('ragged', [[-1], [2, -2, 5], [], [5]]), combiner,
-           seed=111),
-      inputs.Feat('dense', inputs.Ids('dense', [[-1, 4], [0, 3], [-3, -3], [1, 1]]), combiner,
-           seed=112)]
+  lookups): the activation and the update are those without them.  Every
+  input kind under every combiner, in one graph."""
+  with_negative_ids = {
+      'sparse': inputs.Ids('sparse', [(0, 0, 3), (0, 1, -1), (1, 0, -4),
+                                      (2, 0, 6), (2, 1, 6), (3, 2, 1)],
+                           weights=[0.5, 3.0, 2.0, 1.0, 2.0, -1.5]),
+      'ragged': inputs.Ids('ragged', [[-1], [2, -2, 5], [], [5]]),
+      'dense': inputs.Ids('dense', [[-1, 4], [0, 3], [-3, -3], [1, 1]])}
+  feats = [_feat(kind, combiner, ids, weighted=kind == 'sparse', seed=110)
+           for kind, ids in with_negative_ids.items() for combiner in COMBINERS]
   check([f.column() for f in feats], feats,
         tpu_fc.FtrlParameters(0.2, l1_regularization_strength=0.01),
         num_steps=2, num_shards=2)

@@ -6,6 +6,8 @@ reference applied as many times, within the float32 error bound of `harness.orac
 (`test_wrong_rules_fail_the_comparison`: it still rejects wrong rules).
 Expected values never come from the code under test.
 """
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -206,15 +208,43 @@ class Harness:
     return values.pop('table'), values
 
 
-def run_steps(params, table, slots, grads):
-  """The table and slots after each of STEPS, run from `table` and `slots`."""
-  states = []
-  with Harness(params) as harness:
-    harness.load(table, slots)
-    for (ids, lr), g in zip(STEPS, grads):
-      harness.step(ids, g, lr)
-      states.append(harness.state())
-  return states
+pytestmark = pytest.mark.xdist_group('test_sparse_update')
+
+
+@pytest.fixture(scope='module')
+def harness_of():
+  """(case, stage) -> its Harness (the rate fed at each step), built once for
+  the tests that load their own state into it."""
+  built = {}
+
+  def harness(case, stage):
+    if (case, stage) not in built:
+      built[case, stage] = Harness(make(case, stage))
+    return built[case, stage]
+  yield harness
+  for harness in built.values():
+    harness.session.close()
+
+
+@pytest.fixture(scope='module')
+def stepped(harness_of):
+  """(case, stage) -> (params, table, slots, grads, the table and slots after
+  each of STEPS) from `random_state`, run once for the tests comparing them."""
+  done = {}
+
+  def steps(case, stage):
+    if (case, stage) not in done:
+      params = make(case, stage)
+      table, slots, grads = random_state(params)
+      harness = harness_of(case, stage)
+      harness.load(table, slots)
+      states = []
+      for (ids, lr), g in zip(STEPS, grads):
+        harness.step(ids, g, lr)
+        states.append(harness.state())
+      done[case, stage] = params, table, slots, grads, states
+    return done[case, stage]
+  return steps
 
 
 def assert_steps_match_reference(params, table, slots, grads, states):
@@ -228,10 +258,8 @@ def assert_steps_match_reference(params, table, slots, grads, states):
 
 
 @pytest.mark.parametrize('case, stage', case_stages(sorted(STAGES)))
-def test_one_and_three_steps_match_reference(case, stage):
-  params = make(case, stage)
-  table, slots, grads = random_state(params)
-  states = run_steps(params, table, slots, grads)
+def test_one_and_three_steps_match_reference(stepped, case, stage):
+  params, table, slots, grads, states = stepped(case, stage)
   assert_steps_match_reference(params, table, slots, grads, states)
   got_table, got_slots = states[-1]
   assert np.all(np.isfinite(got_table))
@@ -245,12 +273,10 @@ def test_one_and_three_steps_match_reference(case, stage):
 
 
 @pytest.mark.parametrize('case, stage', case_stages(['plain', 'all']))
-def test_wrong_rules_fail_the_comparison(case, stage, monkeypatch):
+def test_wrong_rules_fail_the_comparison(stepped, case, stage, monkeypatch):
   """The float32 bound is tight: each plausible bug (oracle.WRONG_RULES)
-  planted in the reference fails the comparison above."""
-  params = make(case, stage)
-  table, slots, grads = random_state(params)
-  states = run_steps(params, table, slots, grads)
+  planted in the reference fails the comparison above (on its very steps)."""
+  params, table, slots, grads, states = stepped(case, stage)
   assert not oracle.surviving_wrong_rules(
       monkeypatch, params, lambda: assert_steps_match_reference(
           params, table, slots, grads, states))
@@ -279,12 +305,14 @@ ZERO_LR_CASES = sorted(
 
 @pytest.mark.parametrize('constant', [False, True])
 @pytest.mark.parametrize('case', ZERO_LR_CASES)
-def test_zero_learning_rate(case, constant):
-  """Rate 0 (a warm-up's first step): the FTRL/ProximalAdagrad kernels reject it."""
+def test_zero_learning_rate(harness_of, case, constant):
+  """Rate 0 (a warm-up's first step): the FTRL/ProximalAdagrad kernels reject
+  it.  Fed, on the graph of the case's fullest stage (its state loaded)."""
   params = make(case, fullest(case))
   table, slots, grads = random_state(params, seed=2)
   (ids, _), g = STEPS[0], grads[0]
-  with Harness(params, learning_rate=0.0 if constant else None) as harness:
+  with (Harness(params, learning_rate=0.0) if constant else
+        contextlib.nullcontext(harness_of(case, fullest(case)))) as harness:
     harness.load(table, slots)
     harness.step(ids, g, None if constant else 0.0)
     got = harness.state()

@@ -65,7 +65,8 @@ OPTIMIZERS = {
 
 def run_single_table_case(tmp_path, feat, params, layer='dense_features',
                           evaluate=False):
-  """Trains one column 1 and 3 steps; checks table, slots, bias (and eval)."""
+  """Trains one column 3 steps; checks table, slots (after steps 2 and 3),
+  bias (and eval)."""
   init = models.init_table(1)
   sequence = bool(feat.seq_len)
   c = None if sequence else inputs.coefficients(0, D)
@@ -83,13 +84,13 @@ def run_single_table_case(tmp_path, feat, params, layer='dense_features',
       [feat])
   # Sum loss, CrossShardOptimizer: each shard's loss is divided by NS.
   dact = (cs if sequence else c) / NS
-  one, estimator = estimators.train_1_and_3(
+  two, estimator = estimators.train_2_and_3(
       tmp_path, models.user_model_fn(column_fn, layer), spec,
       inputs.input_fn([feat], c, cs))
-  table.step({feat.key: dact}, params.learning_rate)
-  table.check(one, 1)
   for _ in range(2):
     table.step({feat.key: dact}, params.learning_rate)
+  table.check(two, 2)
+  table.step({feat.key: dact}, params.learning_rate)
   table.check(estimator, 3)
   assert estimator.get_variable_value('global_step') == 3
   if not sequence:
@@ -113,7 +114,7 @@ def run_single_table_case(tmp_path, feat, params, layer='dense_features',
 
 
 @pytest.mark.parametrize('optimizer', sorted(OPTIMIZERS))
-def test_optimizer_tables_and_slots_after_1_and_3_steps(tmp_path, optimizer):
+def test_optimizer_tables_and_slots_after_2_and_3_steps(tmp_path, optimizer):
   feat = inputs.Feature('a', inputs.A_SP, combiner='sum')
   estimator = run_single_table_case(tmp_path, feat, OPTIMIZERS[optimizer]())
   names = set(estimator.get_variable_names())
@@ -144,13 +145,13 @@ KINDS = {
 
 
 @pytest.mark.parametrize('kind', sorted(KINDS))
-def test_input_kinds_tables_after_1_and_3_steps_and_eval(tmp_path, kind):
+def test_input_kinds_tables_after_2_and_3_steps_and_eval(tmp_path, kind):
   feat, layer = KINDS[kind]
   run_single_table_case(tmp_path, feat, tpu_fc.AdagradParameters(0.1), layer,
                         evaluate=True)
 
 
-def test_shared_table_after_1_and_3_steps(tmp_path):
+def test_shared_table_after_2_and_3_steps(tmp_path):
   """Two features on one shared table: their gradients add up."""
   init = models.init_table(2)
   fa = inputs.Feature('a', inputs.A_SP, combiner='mean')
@@ -165,14 +166,14 @@ def test_shared_table_after_1_and_3_steps(tmp_path):
   spec = tpu_fc.EmbeddingConfigSpec(feature_columns=column_fn()[0],
                                     optimization_parameters=params)
   c = inputs.coefficients(2, 2 * D)  # DenseFeatures: a_shared_embedding, b_shared_...
-  one, estimator = estimators.train_1_and_3(
+  two, estimator = estimators.train_2_and_3(
       tmp_path, models.user_model_fn(column_fn), spec,
       inputs.input_fn([fa, fb], c))
   dacts = {'a': c[:, :D] / NS, 'b': c[:, D:] / NS}
   table = oracle.Table('a_b_shared_embedding', init, params, [fa, fb])
   table.step(dacts, 0.05)
-  table.check(one, 1)
   table.step(dacts, 0.05)
+  table.check(two, 2)
   table.step(dacts, 0.05)
   table.check(estimator, 3)
   oracle.check_bias(estimator, c, 3, 1.0 / NS)
@@ -230,7 +231,7 @@ def test_learning_rate_fn_gets_the_pre_increment_global_step(tmp_path):
   spec = tpu_fc.EmbeddingConfigSpec(feature_columns=column_fn()[0],
                                     optimization_parameters=params)
   c = inputs.coefficients(3, 2 * D)
-  one, estimator = estimators.train_1_and_3(
+  two, estimator = estimators.train_2_and_3(
       tmp_path, models.user_model_fn(column_fn), spec,
       inputs.input_fn([fa, fb], c))
   table_a = oracle.Table('dense_features/a_embedding/embedding_weights', init_a,
@@ -238,15 +239,12 @@ def test_learning_rate_fn_gets_the_pre_increment_global_step(tmp_path):
   table_b = oracle.Table('dense_features/b_embedding/embedding_weights', init_b,
                          params, [fb])
   dacts = {'a': c[:, :D] / NS, 'b': c[:, D:] / NS}
-  table_a.step(dacts, rate_np(0))
-  table_b.step(dacts, 0.3)
-  table_a.check(one, 1)
-  table_b.check(one, 1)
-  for step in (1, 2):
+  for step, estimator_after in ((0, None), (1, two), (2, estimator)):
     table_a.step(dacts, rate_np(step))
     table_b.step(dacts, 0.3)
-  table_a.check(estimator, 3)
-  table_b.check(estimator, 3)
+    if estimator_after is not None:
+      table_a.check(estimator_after, step + 1)
+      table_b.check(estimator_after, step + 1)
 
 
 # Dict configs: the optimizers TF 2.15's engine takes and its column spec
@@ -315,15 +313,15 @@ def test_dict_configs_train_with_adagrad_momentum_and_proximal_yogi(
   params = getattr(tpu_fc if classes == 'tpu_fc' else lanes.tf_tpu_embedding,
                    name)(**DICT_ONLY[name])
   c = inputs.coefficients(11, D)
-  one, estimator = estimators.train_1_and_3(
+  two, estimator = estimators.train_2_and_3(
       tmp_path, dict_model_fn(), dict_spec(classes, params, where),
       inputs.input_fn([feat], c))
   table = oracle.Table('t', models.init_table(11),
                        getattr(tpu_fc, name)(**DICT_ONLY[name]), [feat])
-  table.step({'a': c / NS}, 0.1)
-  table.check(one, 1)
   for _ in range(2):
     table.step({'a': c / NS}, 0.1)
+  table.check(two, 2)
+  table.step({'a': c / NS}, 0.1)
   table.check(estimator, 3)
   oracle.check_bias(estimator, c, 3, 1.0 / NS)
 
@@ -332,7 +330,8 @@ def test_dict_configs_train_with_adagrad_momentum_and_proximal_yogi(
 @pytest.mark.parametrize('classes', CLASSES)
 def test_dict_configs_estimate_lookup_frequencies(tmp_path, classes, where):
   """A FrequencyEstimator table (dimension 1, its rate the global step) after
-  steps 0, 1 and 2: every looked-up id's estimate and last hit step."""
+  its second and third steps (global steps 1 and 2 their rates): every
+  looked-up id's estimate and last hit step."""
   feat = inputs.Feature('a', inputs.A_SP, combiner='sum')
   kwargs = dict(tau=0.25, max_delta=1.5, outlier_threshold=0.5,
                 weight_exponent=1.0)
@@ -340,7 +339,7 @@ def test_dict_configs_estimate_lookup_frequencies(tmp_path, classes, where):
             lanes.tf_tpu_embedding).FrequencyEstimatorParameters(**kwargs)
   spec = dict_spec(classes, params, where, dim=1,
                    learning_rate_fn=lambda step: tf.cast(step, tf.float32))
-  one, estimator = estimators.train_1_and_3(
+  two, estimator = estimators.train_2_and_3(
       tmp_path, dict_model_fn(stop_gradient=True), spec,
       inputs.input_fn([feat], inputs.coefficients(12, 1)))
   want = oracle.ReferenceSteps(
@@ -348,7 +347,7 @@ def test_dict_configs_estimate_lookup_frequencies(tmp_path, classes, where):
       models.init_table(11)[:, :1],
       {'last_hit_step': np.zeros((V, 1), np.float32)})
   ids = np.array([i for _, _, i, _ in feat.entries()])
-  for step, estimator_after in ((0, one), (1, None), (2, estimator)):
+  for step, estimator_after in ((0, None), (1, two), (2, estimator)):
     want.step(ids, np.zeros((len(ids), 1), np.float32), step)
     if estimator_after is not None:
       want.assert_matches(

@@ -161,12 +161,16 @@ def option_estimator(model_dir, option=None, iterations_per_loop=2):
 
 
 def user_estimator(model_dir, model_fn, spec, use_tpu=True,
-                   num_shards=NUM_SHARDS):
-  """The user model's TPUEstimator: the same batch in every mode."""
+                   num_shards=NUM_SHARDS, save_checkpoints_steps=None):
+  """The user model's TPUEstimator: the same batch in every mode (a
+  checkpoint every `save_checkpoints_steps`, or RunConfig's default)."""
+  checkpoints = ({} if save_checkpoints_steps is None else
+                 dict(save_checkpoints_steps=save_checkpoints_steps))
   return tpu_fc.TPUEstimator(
       model_fn=model_fn, model_dir=str(model_dir), use_tpu=use_tpu,
       config=tpu_fc.RunConfig(
-          tf_random_seed=1, tpu_config=tpu_fc.TPUConfig(num_shards=num_shards)),
+          tf_random_seed=1, tpu_config=tpu_fc.TPUConfig(num_shards=num_shards),
+          **checkpoints),
       train_batch_size=inputs.BATCH, eval_batch_size=inputs.BATCH,
       predict_batch_size=inputs.BATCH,
       embedding_config_spec=spec)
@@ -196,6 +200,26 @@ def train_1_and_3(tmp_path, model_fn, spec, input_fn):
     estimator.train(input_fn, steps=steps)
     estimators.append(estimator)
   return estimators
+
+class CheckpointVariables:
+  """A checkpoint's variables, read as an estimator's."""
+
+  def __init__(self, path):
+    self._reader = tf.train.load_checkpoint(str(path))
+
+  def get_variable_value(self, name):
+    return self._reader.get_tensor(name)
+
+
+def train_2_and_3(model_dir, model_fn, spec, input_fn):
+  """(the variables after step 2, the estimator after step 3) of one 3-step
+  training: after its first in-graph loop (two steps: TPUConfig's
+  iterations_per_loop) and after its last (one step), each checkpointed."""
+  estimator = user_estimator(model_dir, model_fn, spec,
+                             save_checkpoints_steps=1)
+  estimator.train(input_fn, steps=3)
+  return CheckpointVariables(model_dir / 'model.ckpt-2'), estimator
+
 
 # Early stopping: the model's evaluation at step s is (s - 4)², so where
 # training stops follows from the schedule.
