@@ -10,6 +10,8 @@ estimators, with the reference oracle they are checked against.
 * `oracle`: `tpu_fc.reference` stepped with its float32 error bound
   (`ReferenceSteps`), the wrong rules that bound must reject, and the expected
   tables of the harness's models;
+* `covering`: pairwise covering designs, the case lists of the matrices
+  (every pair of any two factors' levels, not every combination);
 * `checkpoints`: a legacy checkpoint's model (spec, model_fn, input_fn,
   training) and a checkpoint's values by name;
 * `lanes`: which TensorFlow lane runs, and TF 2.15's own classes on the legacy
