@@ -5,6 +5,7 @@ trains, evaluates, predicts and exports, and the names its table has.  TF2's
 `DenseFeatures` names its table by the enclosing name scopes on the CPU; a
 TPU's record of it, by variable scope, leaves them out."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +16,9 @@ from tpu_fc._tf import tf
 from harness import estimators
 from harness import inputs
 from harness import lanes
+
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_keras_containers')
 
 # The model's data and batch (the linear model's).
 N, BATCH = inputs.N, estimators.LINEAR_BATCH
@@ -133,15 +137,34 @@ def _container_table(container):
   return ('tower/' if container == 'variable_scope' else '') + CONTAINER_TABLE
 
 
-@pytest.mark.parametrize('container,eval_on_tpu', [
-    ('sequential', False), ('subclassed', True), ('name_scope', True),
-    ('variable_scope', False), ('functional', True)])
+# Evaluated on the TPU or on the CPU, by container.
+EVAL_ON_TPU = {'sequential': False, 'subclassed': True, 'name_scope': True,
+               'variable_scope': False, 'functional': True}
+
+
+@pytest.fixture(name='trained_in', scope='module')
+def _trained_in(tmp_path_factory):
+  """container -> the model_dir of its model trained one step, trained once
+  for the tests that read it or train on in a copy of it."""
+  model_dirs = {}
+
+  def trained_in(container):
+    if container not in model_dirs:
+      model_dir = tmp_path_factory.mktemp(container)
+      _container_estimator(model_dir, container).train(_container_input_fn,
+                                                       max_steps=1)
+      model_dirs[container] = model_dir
+    return model_dirs[container]
+
+  return trained_in
+
+
+@pytest.mark.parametrize('container', sorted(EVAL_ON_TPU))
 def test_a_model_in_a_container_evaluates_predicts_and_exports_what_it_trained(
-    tmp_path, container, eval_on_tpu):
+    tmp_path, trained_in, container):
   """(A variable scope and a functional model worked before: kept.)"""
-  estimator = _container_estimator(tmp_path, container,
-                                   eval_on_tpu=eval_on_tpu)
-  estimator.train(_container_input_fn, max_steps=1)
+  estimator = _container_estimator(trained_in(container), container,
+                                   eval_on_tpu=EVAL_ON_TPU[container])
   dense, table = CONTAINER_DENSE[container], _container_table(container)
   assert sorted(estimator.get_variable_names()) == sorted([
       table, table + '/Adagrad', dense + '/bias', dense + '/kernel',
@@ -236,7 +259,7 @@ def _renamed_checkpoint(source, model_dir, renames):
 
 @pytest.mark.parametrize('container', ['sequential', 'subclassed'])
 def test_a_real_tpu_checkpoint_of_a_tf2_dense_features_model_restores(
-    tmp_path, container):
+    tmp_path, trained_in, container):
   """TF 2.15's TPU names a TF2 `DenseFeatures` table by the bare variable
   scope: `embedding_weights`, its Adagrad slot `embedding_weights/Adagrad`
   (on the legacy lane: TF's own rule says so).  A `use_tpu=True` model
@@ -246,8 +269,8 @@ def test_a_real_tpu_checkpoint_of_a_tf2_dense_features_model_restores(
   if lanes.LEGACY:
     assert _tf_tpu_table_names(container, tf.keras.layers.DenseFeatures) == (
         tf_names)
+  shutil.copytree(trained_in(container), tmp_path / 'own')  # (trains on)
   own = _container_estimator(tmp_path / 'own', container)
-  own.train(_container_input_fn, max_steps=1)
   _renamed_checkpoint(tmp_path / 'own', tmp_path / 'tpu', dict(zip(
       (CONTAINER_TABLE, CONTAINER_TABLE + '/Adagrad'), tf_names)))
   from_tpu = _container_estimator(tmp_path / 'tpu', container)

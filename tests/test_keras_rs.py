@@ -208,36 +208,43 @@ def _assert_tpu_rule(layer, name, g=G, **options):
                                                **keras_rule)[0])
 
 
-@pytest.mark.parametrize('name', sorted(RULES))
-def test_model_fit_trains_the_tables_by_their_optimizers_tpu_rules(name):
-  layer = tpu_fc_keras_rs.DistributedEmbedding(
-      _feature_configs(RULES[name][0]()))
-  # The model's optimizer decays every weight it trains and keeps slots: it
-  # sees the gradient-trap dummy only, never a table.
-  model = _fit(layer, keras.optimizers.Adam(1.0, weight_decay=0.5))
-  _assert_tpu_rule(layer, name)
-  assert [v.name for v in model.trainable_variables] == [
-      '_gradient_trap_dummy']
-  assert all(v.shape in ((), (1,)) for v in model.optimizer.variables)
+# Optimizer x (model.fit or a custom loop) x (one replica or two): a pairwise
+# covering design, every optimizer with both ways of training and both replica
+# counts, every way of training on both, in 8 runs instead of the product's 16.
+# The layer applies its tables' rules in one update whichever loop computed
+# the gradient on however many replicas, so a rule wrong under one factor
+# level fails the cases that have that level.
+CASES = [
+    ('sgd', 'fit', 1), ('sgd', 'loop', 2),
+    ('adagrad', 'fit', 2), ('adagrad', 'loop', 1),
+    ('adam', 'fit', 1), ('adam', 'loop', 2),
+    ('ftrl', 'fit', 2), ('ftrl', 'loop', 1),
+]
 
 
-@pytest.mark.parametrize('name', sorted(RULES))
-def test_a_custom_loop_trains_the_tables_by_their_optimizers_tpu_rules(name):
-  layer = tpu_fc_keras_rs.DistributedEmbedding(
-      _feature_configs(RULES[name][0]()))
-  gradients = _loop(layer)
-  _assert_tpu_rule(layer, name)
-  np.testing.assert_array_equal(gradients[0], [0.])  # the dummy's
-
-
-@pytest.mark.parametrize('train_by', ['fit', 'loop'])
-@pytest.mark.parametrize('name', ['sgd', 'adagrad'])
-def test_two_replicas_train_as_one(name, train_by, tmp_path):
-  """MirroredStrategy over two devices, each replica a TPU core with two of
-  the four examples: the tables and slots of one replica on the same
-  batches, the TPU rule (the model's optimizer another kind: Adam of rate 0,
-  whose every step would move a Keras table nowhere); one copy of the
-  table; its save restores into a one-replica layer."""
+@pytest.mark.parametrize('name, train_by, replicas', CASES)
+def test_tables_train_by_their_optimizers_tpu_rules(name, train_by, replicas,
+                                                    tmp_path):
+  """Two steps: the tables and slots of the TPU rule, not Keras'.  The
+  model's optimizer decays every weight it trains and keeps slots: it sees
+  the gradient-trap dummy only, never a table; a custom loop's gradient is
+  the dummy's.  On two replicas (MirroredStrategy over two devices, each
+  replica a TPU core with two of the four examples; the model's optimizer
+  another kind: Adam of rate 0, whose every step would move a Keras table
+  nowhere) the same, as one replica on the same batches: one copy of the
+  table, whose save restores into a one-replica layer."""
+  if replicas == 1:
+    layer = tpu_fc_keras_rs.DistributedEmbedding(
+        _feature_configs(RULES[name][0]()))
+    if train_by == 'fit':
+      model = _fit(layer, keras.optimizers.Adam(1.0, weight_decay=0.5))
+      assert [v.name for v in model.trainable_variables] == [
+          '_gradient_trap_dummy']
+      assert all(v.shape in ((), (1,)) for v in model.optimizer.variables)
+    else:
+      np.testing.assert_array_equal(_loop(layer)[0], [0.])  # the dummy's
+    _assert_tpu_rule(layer, name)
+    return
   strategy = mid_level.mirrored()
   with strategy.scope():
     layer = tpu_fc_keras_rs.DistributedEmbedding(_feature_configs(
@@ -524,40 +531,37 @@ def test_a_single_feature_config_is_named_in_errors():
     embedding.enqueue(tf.constant([1, 2]), weights=tf.constant([1.0, 2.0]))
 
 
-def _jit_and_eager_steps(layer_of, call, steps=2):
-  """The tables of two layers `layer_of()` after `steps` of a gradient step
-  of `call(layer)`'s loss: one in a `tf.function(jit_compile=True)` (which
-  fails unless XLA compiles all of it), one in a plain one."""
-  tables = []
-  for jit_compile in (True, False):
-    layer = layer_of()
-
-    @tf.function(jit_compile=jit_compile)
-    def step():
-      with tf.GradientTape() as tape:
-        loss = call(layer)  # pylint: disable=cell-var-from-loop
-      return tape.gradient(loss, layer.trainable_variables)  # pylint: disable=cell-var-from-loop
-
-    for _ in range(steps):
-      step()
-    tables.append(layer.get_embedding_tables()['table'])
-  return tables
+# One id an example, [batch, 1]; a row's gradient is its examples' C / 4.
+XLA_DENSE_IDS = [[3], [1], [1], [0]]
+XLA_DENSE_G = np.zeros_like(W0)
+np.add.at(XLA_DENSE_G, [i for (i,) in XLA_DENSE_IDS], C / F32(4))
 
 
 @pytest.mark.parametrize('name', ['sgd', 'adagrad', 'adam'])
 @pytest.mark.parametrize('kind', ['dense', 'ragged'])
 def test_xla_compiles_a_step_of_the_tpu_rules(name, kind):
-  """`tf.function(jit_compile=True)` around the emulated SparseCore: its
-  checks made while tracing, the TPU rules on gathered rows; the tables are
-  the TPU rule's, as without XLA."""
-  ids = tf.constant([[3], [1], [1], [0]]) if kind == 'dense' else _ids()
-  jit, plain = _jit_and_eager_steps(
-      lambda: tpu_fc_keras_rs.DistributedEmbedding(
-          _feature_configs(RULES[name][0]())),
-      lambda layer: tf.reduce_mean(_loss(C, layer({'a': ids})['a'])))
-  np.testing.assert_allclose(jit, plain, **TOL)
-  if kind == 'ragged':
-    np.testing.assert_allclose(jit, _tpu_steps(RULES[name][1])[0], **TOL)
+  """`tf.function(jit_compile=True)` around the emulated SparseCore (which
+  fails unless XLA compiles all of it): its checks made while tracing, the
+  TPU rules on gathered rows; two steps give the TPU rule's table by hand
+  (these rules leave a row of zero gradient, row 2 of the dense ids, as it
+  is)."""
+  if kind == 'dense':
+    ids, g = tf.constant(XLA_DENSE_IDS), XLA_DENSE_G
+  else:
+    ids, g = _ids(), G
+  layer = tpu_fc_keras_rs.DistributedEmbedding(
+      _feature_configs(RULES[name][0]()))
+
+  @tf.function(jit_compile=True)
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(_loss(C, layer({'a': ids})['a']))
+    return tape.gradient(loss, layer.trainable_variables)
+
+  for _ in range(2):
+    step()
+  np.testing.assert_allclose(layer.get_embedding_tables()['table'],
+                             _tpu_steps(RULES[name][1], g)[0], **TOL)
 
 
 def test_keras_jit_compile_trains_the_tables():

@@ -104,9 +104,17 @@ def test_two_steps_match_the_reference(kind, optimizer, cores):
                               for _, slot in want.params.SLOTS})
 
 
-EQUIVALENCE = ([(name, cores, False) for name in mid_level.MID_LEVEL_OPTIMIZERS
-                for cores in (1, 2)] +
-               [('adam', 2, True), ('adagrad', 1, True)])
+# Every optimizer against the legacy model on one core, where nothing else
+# compares the legacy model's tables with the migrated loop's; on two cores
+# tests/test_contract.py judges both (embedding_core and mid_level, every
+# column optimizer, every input kind) by the oracle, so two cores here only
+# where that leaves a gap or the cores change the rule: AdagradMomentum (no
+# column optimizer), per-core Adam (one core is Adam), FTRL (the most
+# nonlinear of the summed gradients), and pipelined Adam.
+EQUIVALENCE = ([(name, 1, False) for name in mid_level.MID_LEVEL_OPTIMIZERS
+                if name != 'adam_per_core'] +
+               [('adagrad_momentum', 2, False), ('adam_per_core', 2, False),
+                ('ftrl', 2, False), ('adam', 2, True), ('adagrad', 1, True)])
 
 
 @pytest.mark.parametrize(

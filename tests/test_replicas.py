@@ -9,6 +9,8 @@ Judged by the reference oracle on 2 cores (`oracle.expected_step`, each id's
 gradient derived by hand there), which the same model on one replica with
 `num_cores=2` also meets; the tables and slots are one variable each.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,9 @@ from harness import oracle
 from tpu_fc._tf import tf
 
 REPLICAS = 2
-pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+# Its tests share trained embeddings (`_trained`): one xdist worker runs them.
+pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
+              pytest.mark.xdist_group('test_replicas')]
 
 
 def _replica_ids(kind):
@@ -76,6 +80,14 @@ def _train(strategy, embedding, kind, steps, function=True, squared=False):
           for _ in range(steps)]
 
 
+@functools.lru_cache(maxsize=None)
+def _trained(optimizer, kind):
+  """(embedding, its activations by step) after two replicated steps; one
+  training for the tests that read it, none of which changes it."""
+  strategy, embedding = _replicated(optimizer, kind)
+  return embedding, _train(strategy, embedding, kind, steps=2)
+
+
 def _table_and_slots(embedding):
   variables = embedding._variables['ids']  # pylint: disable=protected-access
   return variables['parameters'].numpy(), {
@@ -89,8 +101,7 @@ def test_replicas_train_as_the_cores_of_one_tpu(optimizer, kind):
   """Two steps: the oracle's 2-core step (one update of the summed
   gradients; without gradient accumulation each core's in turn, the core
   holding the id first), as one replica with `num_cores=2`."""
-  strategy, embedding = _replicated(optimizer, kind)
-  _train(strategy, embedding, kind, steps=2)
+  embedding, _ = _trained(optimizer, kind)
   table, slots = _table_and_slots(embedding)
   want = oracle.expected_step('mid_level', optimizer, steps=2, num_shards=2)
   want.assert_matches(table, {slot: slots[slot] for _, slot in
@@ -126,8 +137,7 @@ def test_each_table_and_slot_is_one_variable_on_the_host():
 def test_no_replica_sees_an_update_of_its_own_step():
   """Both replicas look id 4 up (examples 1 and 3): each dequeues the rows as
   they were before the step's one update; the next step's lookups see it."""
-  strategy, embedding = _replicated('sgd', 'ragged')
-  first, second = _train(strategy, embedding, 'ragged', steps=2)
+  _, (first, second) = _trained('sgd', 'ragged')
   after_one = oracle.expected_step('mid_level', 'sgd', steps=1,
                                    num_shards=2).table
   for table, activations in ((models.START, first), (after_one, second)):
@@ -160,8 +170,7 @@ def test_pipelined_replicas_train_as_pipelined_cores(tmp_path):
 def test_a_checkpoint_moves_between_replicas_and_one(tmp_path):
   """`tf.train.Checkpoint` of the replicated embedding restores into one
   replica's, and that one's back into a replicated one."""
-  strategy, embedding = _replicated('adagrad', 'ragged')
-  _train(strategy, embedding, 'ragged', steps=1)
+  embedding, _ = _trained('adagrad', 'ragged')
   saved = tf.train.Checkpoint(embedding=embedding).save(str(tmp_path / 'a'))
   single = mid_level.tpu_embedding('adagrad', 2)
   status = tf.train.Checkpoint(embedding=single).restore(saved)

@@ -27,6 +27,8 @@ from harness import scripts
 from harness.checkpoints import OPTIMIZERS, checkpoint_values, make_spec, train
 
 tfrs = pytest.importorskip('tensorflow_recommenders')
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_tfrs')
 from tpu_fc import tfrs as tpu_fc_tfrs  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from harness.tfrs import (ADAGRAD_START, ADAM, DIM, FTRL, IDS, KERAS_EPSILON,  # pylint: disable=g-import-not-at-top,g-bad-import-order
                           KERNEL, LABELS, MODEL_LR, OPTIMIZER_ARGS, DENSE_X,
@@ -184,24 +186,59 @@ def _installed():
   tpu_fc.uninstall()
 
 
-@pytest.mark.parametrize('train_by', [fit, custom_loop])
-@pytest.mark.parametrize('name', sorted(OPTIMIZER_ARGS))
+# Optimizer x (model.fit or a custom loop) x (one replica or two): a pairwise
+# covering design, every optimizer with both ways of training and both replica
+# counts, every way of training on both, in 8 runs instead of the product's 16.
+# The layer applies its optimizer's rule in one update whichever loop computed
+# the gradient on however many replicas, so a rule wrong under one factor
+# level fails the cases that have that level.
+GUIDE_CASES = [
+    ('sgd', 'fit', 1), ('sgd', 'loop', 2),
+    ('adagrad', 'fit', 2), ('adagrad', 'loop', 1),
+    ('adam', 'fit', 1), ('adam', 'loop', 2),
+    ('ftrl', 'fit', 2), ('ftrl', 'loop', 1),
+]
+
+
+@pytest.mark.parametrize('name, train_by, replicas', GUIDE_CASES)
 def test_the_guides_program_trains_by_the_embedding_optimizers_tpu_rule(
-    installed, name, train_by):
+    installed, name, train_by, replicas, tmp_path):
   """Two steps of the guide's model, its embedding optimizer not the model's:
   the table and slots by that optimizer's TPU rule, the dense layer by the
-  model's Adagrad; not the model's rule on the rows."""
+  model's Adagrad; not the model's rule on the rows.  On two replicas
+  (MirroredStrategy over two devices, each replica a TPU core with one example
+  of each global batch) the same, as one replica on the same batches: one
+  copy of the table, whose checkpoint restores into a one-replica model."""
   del installed
   cls, args = OPTIMIZER_ARGS[name]
-  model, layer = guide_model(cls(**args))
+  if replicas == 1:
+    model, layer = guide_model(cls(**args))
+    {'fit': fit, 'loop': custom_loop}[train_by](model)
+  else:
+    strategy = mid_level.mirrored()
+    with strategy.scope():
+      model, layer = guide_model(cls(**args), batch_size=None)
+    if train_by == 'fit':
+      fit(model)
+    else:
+      replicated_loop(strategy, model)
   assert isinstance(layer, tpu_fc_tfrs.TPUEmbedding)
-  train_by(model)
   want, kernel, bias = expected_guide(TPU_RULES[name])
   wrong, _, _ = expected_guide(MODEL_RULE)
-  assert_trained_by(layer_state(layer), want, wrong)
+  state = layer_state(layer)
+  assert_trained_by(dict(state), want, wrong)
   dense = model.layers[-1]
   np.testing.assert_allclose(dense.kernel.numpy(), kernel, **TOL)
   np.testing.assert_allclose(dense.bias.numpy(), bias, **TOL)
+  if replicas == 1:
+    return
+  for variable in layer._tpu_embedding._variables['table'].values():  # pylint: disable=protected-access
+    assert len(strategy.experimental_local_results(variable)) == 1
+  saved = tpu_fc_tfrs.save(layer, str(tmp_path), global_step=2)
+  _, single = guide_model(cls(**args))
+  assert tpu_fc_tfrs.restore(single, saved) == 2
+  for key, value in layer_state(single).items():
+    np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
 def test_the_guides_program_as_written(installed, tmp_path):
@@ -273,7 +310,7 @@ def tables_by_name(model):
           for config, table in layer.tpu_embedding.embedding_tables.items()}
 
 
-def replicated_loop(strategy, model, steps):
+def replicated_loop(strategy, model, steps=2):
   """TF's custom loop on several replicas: `strategy.run` of each replica's
   step on its share of the global batches, its loss scaled by
   `compute_average_loss` to the global batch."""
@@ -291,39 +328,6 @@ def replicated_loop(strategy, model, steps):
   step = tf.function(lambda batch: strategy.run(replica_step, args=batch))
   for _ in range(steps):
     step(next(batches))
-
-
-@pytest.mark.parametrize('train_by', ['fit', 'loop'])
-@pytest.mark.parametrize('name', ['sgd', 'adagrad'])
-def test_the_guides_program_on_two_replicas_trains_as_on_one(
-    installed, name, train_by, tmp_path):
-  """MirroredStrategy over two devices, each replica a TPU core with one
-  example of each global batch: three steps end with the table and slots of
-  one replica on the same batches (the embedding optimizer's TPU rule by
-  hand) and the dense layer of the model's Adagrad; one copy of the table;
-  its checkpoint restores into a one-replica model."""
-  del installed
-  strategy = mid_level.mirrored()
-  cls, args = OPTIMIZER_ARGS[name]
-  with strategy.scope():
-    model, layer = guide_model(cls(**args), batch_size=None)
-  if train_by == 'fit':
-    model.fit(tf.data.Dataset.from_tensors(guide_data()).repeat(3),
-              epochs=1, steps_per_epoch=3, verbose=0)
-  else:
-    replicated_loop(strategy, model, steps=3)
-  want, kernel, bias = expected_guide(TPU_RULES[name], steps=3)
-  state = layer_state(layer)
-  assert_trained_by(dict(state), want, expected_guide(MODEL_RULE, steps=3)[0])
-  np.testing.assert_allclose(model.layers[-1].kernel.numpy(), kernel, **TOL)
-  np.testing.assert_allclose(model.layers[-1].bias.numpy(), bias, **TOL)
-  for variable in layer._tpu_embedding._variables['table'].values():  # pylint: disable=protected-access
-    assert len(strategy.experimental_local_results(variable)) == 1
-  saved = tpu_fc_tfrs.save(layer, str(tmp_path), global_step=3)
-  _, single = guide_model(cls(**args))
-  assert tpu_fc_tfrs.restore(single, saved) == 3
-  for key, value in layer_state(single).items():
-    np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
 @pytest.mark.subprocess
@@ -433,17 +437,26 @@ def expected_two_tables(rule_b, steps=2):
   return tables['a'].w, tables['b'].w
 
 
-def test_per_table_optimizers_no_training_argument_and_no_update_in_inference():
-  """Each table by its optimizer's TPU rule (not the layer's for tb), none
-  decayed by the model's AdamW, whose only weight is the layer's helper;
-  `evaluate`, `predict` and a call leave them as they are."""
+@pytest.fixture(name='two_tables', scope='module')
+def _two_tables():
+  """(model, features, {table: value}) of `two_tables_model` after two steps
+  of `model.fit`; shared by the tests that read or serve it (neither changes
+  its tables: the first asserts so)."""
   model = two_tables_model()
   features = two_tables_data()
   model.fit(tf.data.Dataset.from_tensors(
       (features, tf.constant(LABELS, tf.float32))).repeat(2), epochs=1,
             steps_per_epoch=2, verbose=0)
+  return model, features, tables_of(model)
+
+
+def test_per_table_optimizers_no_training_argument_and_no_update_in_inference(
+    two_tables):
+  """Each table by its optimizer's TPU rule (not the layer's for tb), none
+  decayed by the model's AdamW, whose only weight is the layer's helper;
+  `evaluate`, `predict` and a call leave them as they are."""
+  model, features, tables = two_tables
   want_a, want_b = expected_two_tables(TPU_RULES['ftrl'])
-  tables = tables_of(model)
   np.testing.assert_allclose(tables['ta'], want_a, **TOL)
   np.testing.assert_allclose(tables['tb'], want_b, **TOL)
   assert not np.allclose(want_b, expected_two_tables(TPU_RULES['adam'])[1],
@@ -481,15 +494,13 @@ def test_each_call_applies_its_own_gradients():
   np.testing.assert_allclose(got.numpy(), want, **TOL)
 
 
-def test_serving_config_and_saved_model_export_look_up_on_the_cpu(tmp_path):
+def test_serving_config_and_saved_model_export_look_up_on_the_cpu(two_tables,
+                                                                  tmp_path):
   """TFRS's serving paths unchanged: `serving_config` and a SavedModel
   (whose functions would otherwise carry the training lookup's gradient,
   which `tf.saved_model.save` refuses to trace) look the tables up on the
   CPU, as the trained model does."""
-  model = two_tables_model()
-  features = two_tables_data()
-  model.fit(tf.data.Dataset.from_tensors(
-      (features, tf.constant(LABELS, tf.float32))), verbose=0)
+  model, features, _ = two_tables
   expected = model(features).numpy()
   served = model.embedding(features, serving_config=model.feature_config)
   np.testing.assert_allclose(model.dense(tf.concat([served['a'], served['b']],
