@@ -4,7 +4,7 @@ The job is `tests/scripts/cluster_model.py`, started by `tpu_fc.cluster.LocalClu
 (what `tpu-fc cluster` runs).  Its inputs are a function of the global step and
 the replica, so the synchronous job must equal a single host with the same
 global batch, also across a killed and restarted worker or chief and a killed ps task
-(the job stops, and resumes from its last checkpoint when run again).  A single
+(the job stops; its last checkpoint resumes exactly).  A single
 host also restores the cluster's checkpoints, which convert to the mid-level
 format as a single host's do.  The asynchronous default runs
 in-process, the tasks' roles given by explicit `ClusterResolver`s, and so does
@@ -49,7 +49,8 @@ def run_job(tmp_path, name, model_dir, *args, kill_ps_after_step=None):
   """Runs the job on 2 ps + chief + 1 worker; returns its ClusterResult.
 
   With `kill_ps_after_step`, kills ps task 1 once a checkpoint past that step
-  exists, and returns the ClusterError the job stops with instead.
+  exists (the launcher meanwhile restarting what dies), and returns the
+  ClusterError the job stops with instead.
   """
   job = cluster.LocalCluster(
       SCRIPT, ['--model_dir', str(model_dir)] + list(args), num_ps=2,
@@ -58,20 +59,30 @@ def run_job(tmp_path, name, model_dir, *args, kill_ps_after_step=None):
   with job:
     if kill_ps_after_step is None:
       return job.wait()
-    _wait_for_checkpoint_after(model_dir, kill_ps_after_step, job)
+    outcomes = []
+
+    def supervise():
+      try:
+        outcomes.append(job.wait())
+      except cluster.ClusterError as error:
+        outcomes.append(error)
+
+    supervisor = threading.Thread(target=supervise, daemon=True)
+    supervisor.start()
+    _wait_for_checkpoint_after(model_dir, kill_ps_after_step, supervisor)
     job.kill('ps', 1)
-    with pytest.raises(cluster.ClusterError) as error:
-      job.wait()
+    supervisor.join(TIMEOUT_SECS)
   for task in job._tasks:  # pylint: disable=protected-access
     assert task.process is None  # every process stopped
-  return error.value
+  assert len(outcomes) == 1 and isinstance(outcomes[0], cluster.ClusterError), (
+      outcomes)
+  return outcomes[0]
 
 
-def _wait_for_checkpoint_after(model_dir, step, job):
+def _wait_for_checkpoint_after(model_dir, step, supervisor):
   deadline = time.monotonic() + TIMEOUT_SECS
   while _checkpoint_step(model_dir) <= step:
-    chief = job.task('chief', 0).process
-    assert chief.poll() is None, 'the chief ended before a checkpoint'
+    assert supervisor.is_alive(), 'the job ended before a checkpoint'
     assert time.monotonic() < deadline, 'no checkpoint after step %d' % step
     time.sleep(0.1)
 
@@ -158,30 +169,30 @@ def test_sync_emulated_core_equals_one_host_across_a_worker_restart(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_ps_and_chief_failures_resume_from_checkpoints_exactly(tmp_path):
+def test_chief_and_ps_failures_leave_checkpoints_that_resume_exactly(tmp_path,
+                                                                     capfd):
   """use_tpu=False: the feature column's table, partitioned through the scope.
 
-  A killed ps stops the job; run again, it resumes from the last checkpoint;
-  there the chief is killed, and the restarted job resumes again.  The chief
-  is slow then: a worker taking its tokens would run ahead (or hang the job).
+  The chief killed at step 3 restarts the whole job, which resumes from the
+  checkpoint of step 2; the chief is slow: a worker taking its tokens would run
+  ahead (or hang the job).  Then a killed ps stops the job, and what the job
+  left resumes exactly, on one host (resuming in a job that starts again, as
+  the chief's restart just did).  One job start for both failures.
   """
   model_dir = tmp_path / 'cluster'
   error = run_job(tmp_path, 'killed', model_dir, '--sync', '--max_steps',
-                  '100000', kill_ps_after_step=2)
+                  '100000', '--die_task', 'chief', '--die_at_step', '3',
+                  '--slow_chief_secs', '0.3', kill_ps_after_step=2)
   assert 'ps task 1 was killed by SIGKILL; stopping the job' in str(error)
   assert 'resume from the last one' in str(error)
-  last = _checkpoint_step(model_dir)
-  # With a slow chief, the worker must wait for it at every step.
-  result = run_job(tmp_path, 'resumed', model_dir, '--sync', '--max_steps',
-                   str(last + 6), '--die_task', 'chief', '--die_at_step',
-                   str(last + 3), '--slow_chief_secs', '0.3')
-  assert result.job_restarts == 1
-  with open(os.path.join(tmp_path, 'logs_resumed', 'chief-0.log')) as f:
+  assert capfd.readouterr().err.count('restarting the job') == 1
+  with open(os.path.join(tmp_path, 'logs_killed', 'chief-0.log')) as f:
     restored = re.findall(r'Restoring parameters from .*model\.ckpt-(\d+)',
                           f.read())
   # (the task's log repeats each line)
-  assert [int(step) for step in dict.fromkeys(restored)] == [last, last + 2]
-  reference = single_host(tmp_path / 'one_host', False, last + 6)
+  assert [int(step) for step in dict.fromkeys(restored)] == [2]
+  last = _checkpoint_step(model_dir)
+  reference = single_host(tmp_path / 'one_host', False, last)
   assert_same_variables(checkpoint_values(model_dir), reference)
   assert_tables_on_every_ps(model_dir)
   assert_restores_on_one_host(model_dir, tmp_path / 'one_host', False,
@@ -448,30 +459,23 @@ def _reachable(port):
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize('host_network', [False, True])
-def test_task_servers_are_reachable_only_by_the_tasks(tmp_path, capfd,
-                                                      host_network):
-  """TF's servers listen on every interface; the launcher's tasks run in a
-  network namespace of their own, so nothing outside reaches them (each task
-  reaches its own).  With host_network the probe does reach them, warned."""
-  if not host_network:
-    holder = local_network.holder()
-    holder.stop()
-    if holder.pid is None:  # the launcher warns instead (tested with True)
-      pytest.skip('no network namespace on this machine: ' + holder.reason)
+def test_with_host_network_the_task_servers_are_reachable_and_warned(tmp_path,
+                                                                    capfd):
+  """TF's servers listen on every interface: with host_network the probe
+  reaches them, warned (each task reaches its own).  Their isolation without
+  it: test_no_task_outlives_a_killed_launcher."""
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
   job = cluster.LocalCluster(PROBE, [str(out_dir)], num_ps=1, num_workers=0,
                              log_dir=str(tmp_path / 'logs'), timeout=120,
-                             host_network=host_network)
+                             host_network=True)
   with job:
     tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
     reached = {name: _reachable(task['port']) for name, task in tasks.items()}
     (out_dir / 'release').touch()
     job.wait()
-  assert reached == {'ps-0': host_network, 'chief-0': host_network}
-  warned = "the tasks use the machine's network" in capfd.readouterr().err
-  assert warned == host_network
+  assert reached == {'ps-0': True, 'chief-0': True}
+  assert "the tasks use the machine's network" in capfd.readouterr().err
 
 
 def _running(pid):
@@ -486,18 +490,29 @@ def _running(pid):
 @pytest.mark.subprocess
 def test_no_task_outlives_a_killed_launcher(tmp_path):
   """SIGKILL leaves the launcher no chance to stop its tasks: the kernel kills
-  them (and the namespace holder) when it dies."""
+  them (and the namespace holder) when it dies.  (A ps and the chief: a worker
+  starts as the chief does.)  Before that: TF's servers listen on every
+  interface, but the tasks run in a network namespace of their own, so
+  nothing outside reaches them (each task reaches its own); where there is
+  no namespace the launcher warns and they are reachable."""
+  holder = local_network.holder()
+  holder.stop()
+  isolated = holder.pid is not None
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
   launcher = scripts.popen_python(
-      ['-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '1',
+      ['-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '0',
        '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=scripts.env())
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+      env=scripts.env())
   try:
-    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0', 'worker-0'])
+    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
+    reached = {name: _reachable(task['port']) for name, task in tasks.items()}
   finally:
     launcher.kill()
-    launcher.wait()
+    _, stderr = launcher.communicate(timeout=60)
+  assert reached == {'ps-0': not isolated, 'chief-0': not isolated}
+  assert ("the tasks use the machine's network" in stderr) == (not isolated)
   deadline = time.monotonic() + 30
   while (any(_running(task['pid']) for task in tasks.values()) and
          time.monotonic() < deadline):

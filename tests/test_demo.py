@@ -47,23 +47,11 @@ def temp_root(tmp_path, monkeypatch):
   return tmp_path
 
 
-def test_demo_without_model_dir_leaves_nothing_behind(temp_root, capsys):
-  result = demo.main(steps=10)
-  assert result.metrics['global_step'] == 10
-  assert result.export_dir.startswith(str(temp_root))
-  assert not list(temp_root.iterdir())
-  assert 'removed at the end' in capsys.readouterr().out
-
-
-def test_demo_removes_its_temporary_dir_on_error(temp_root):
-  with pytest.raises(ValueError, match='Must specify steps > 0'):
-    demo.main(steps=0)  # fails in train(), after evaluate() wrote to the dir
-  assert not list(temp_root.iterdir())
-
-
-def test_demo_gives_tfs_logger_its_level_back(temp_root):
+def test_a_failing_demo_removes_its_temporary_dir_and_restores_tfs_logger(
+    temp_root):
   """The demo quiets TF's logger while it runs, not for its caller after it
-  (a test's log capture, say), even when it fails."""
+  (a test's log capture, say), and removes its temporary dir, even when it
+  fails (here in train(), after evaluate() wrote to the dir)."""
   logger = tf.get_logger()
   before = logger.level
   logger.setLevel(logging.INFO)
@@ -73,6 +61,7 @@ def test_demo_gives_tfs_logger_its_level_back(temp_root):
     assert logger.level == logging.INFO
   finally:
     logger.setLevel(before)
+  assert not list(temp_root.iterdir())
 
 
 # A warning or error line of TF's C++ logs: TF 2.21's ('E0000 00:00:...')
@@ -82,19 +71,28 @@ _NATIVE_WARNING_OR_ERROR = re.compile(
 
 
 @pytest.mark.subprocess
-def test_the_demo_command_opens_with_the_demo_not_tfs_native_logs(tmp_path):
-  """`python -m tpu_fc demo` quiets TF's C++ logs in its own process (here,
-  without a GPU, TF 2.21 logs `failed call to cuInit` as an error, TF 2.15
-  its CUDA factories' registrations)."""
-  env = scripts.env()
+def test_the_demo_command_shows_only_the_demo_and_leaves_nothing_behind(
+    tmp_path):
+  """`python -m tpu_fc demo` as users run it, without --model_dir: it opens
+  with the demo, quiets TF's C++ logs in its own process (here, without a
+  GPU, TF 2.21 logs `failed call to cuInit` as an error, TF 2.15 its CUDA
+  factories' registrations), and its temporary dir, export included, is gone
+  at the end (TMPDIR, also the working dir, is empty)."""
+  temp_dir = tmp_path / 'tmp'
+  temp_dir.mkdir()
+  env = scripts.env(TMPDIR=str(temp_dir))
   env.pop('TF_CPP_MIN_LOG_LEVEL', None)  # (scripts/lane.sh sets it)
-  result = scripts.run_python(
-      ['-m', 'tpu_fc', 'demo', '--steps', '1', '--model_dir',
-       str(tmp_path / 'model')], cwd=str(tmp_path), env=env, timeout=600)
+  result = scripts.run_python(['-m', 'tpu_fc', 'demo', '--steps', '1'],
+                              cwd=str(temp_dir), env=env, timeout=600)
   assert result.returncode == 0, result.stderr
   assert result.stdout.startswith('tpu_fc demo, TensorFlow')
   assert [line for line in result.stderr.splitlines()
           if _NATIVE_WARNING_OR_ERROR.match(line)] == []
+  assert 'a temporary dir, removed at the end' in result.stdout
+  assert 'Exported a SavedModel (CPU lookup) into the temporary dir' in (
+      result.stdout)
+  assert 'Same as estimator.predict' in result.stdout
+  assert not list(temp_dir.iterdir())
 
 
 def test_the_demo_keeps_a_native_log_level_the_user_set(monkeypatch):

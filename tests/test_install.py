@@ -1,6 +1,5 @@
-"""install()/uninstall() and `python -m tpu_fc run`: legacy names bound to tpu_fc."""
-import json
-import os
+"""install()/uninstall(): legacy names bound to tpu_fc (`python -m tpu_fc run`
+of a legacy script: tests/test_legacy_scripts.py)."""
 
 import pytest
 
@@ -208,23 +207,6 @@ def test_unknown_estimator_name_is_a_clear_attribute_error(installed):
     pytest.skip('on TF 2.15 unknown names fall back to tensorflow_estimator')
   with pytest.raises(AttributeError, match='tpu_fc provides: .*TPUEstimator'):
     tf.compat.v1.estimator.tpu.NoSuchThing  # pylint: disable=pointless-statement
-
-
-@pytest.mark.subprocess
-def test_run_executes_a_legacy_script_unchanged(tmp_path):
-  out = tmp_path / 'out.json'
-  scripts.run_python(
-      ['-m', 'tpu_fc', 'run', os.path.join(scripts.SCRIPTS, 'legacy_spec.py'),
-       str(out), '--dimension', '8'], check=True, env=scripts.env(),
-      cwd=str(tmp_path))
-  result = json.loads(out.read_text())
-  assert result['spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
-  assert result['v2_spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
-  assert result['column_names'] == [
-      'ids_shared_embedding', 'more_shared_embedding', 'other_embedding']
-  assert result['tables'] == ['tbl_ids_more_shared_embedding', 'tbl_other']
-  assert result['mode_train'] == 'train'
-  assert result['estimator'].startswith('tpu_fc.')
 
 
 IMPORT_SCRIPT = """

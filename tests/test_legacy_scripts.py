@@ -22,6 +22,7 @@ import sys
 
 import numpy as np
 import tensorflow.compat.v1 as tf
+from tensorflow.python.tpu.tpu_embedding import ProximalAdagradParameters  # pylint: disable=unused-import
 
 VOCAB, DIM, BATCH = 10, 4, 8
 rng = np.random.RandomState(0)
@@ -84,6 +85,15 @@ estimator = tf.estimator.tpu.TPUEstimator(
 estimator.train(make_input_fn(True), max_steps=5)
 metrics = estimator.evaluate(make_input_fn(False), steps=2)
 predictions = list(estimator.predict(make_input_fn(False, n=16)))
+shared_and_other = tf.tpu.experimental.shared_embedding_columns(
+    [tf.feature_column.categorical_column_with_identity('ids', 100),
+     tf.feature_column.categorical_column_with_identity('more', 100)], 8) + [
+         tf.tpu.experimental.embedding_column(
+             tf.feature_column.categorical_column_with_identity('other', 20),
+             2, combiner='sum')]
+v2_spec = tf.compat.v2.estimator.tpu.experimental.EmbeddingConfigSpec(
+    feature_columns=shared_and_other,
+    optimization_parameters=tf.tpu.experimental.FtrlParameters(0.05))
 with open(sys.argv[1], 'w') as f:
   json.dump({
       'loss': float(metrics['loss']),
@@ -93,12 +103,20 @@ with open(sys.argv[1], 'w') as f:
       'probabilities': [float(p['probability'][0]) for p in predictions],
       'estimator': type(estimator).__module__,
       'variables': estimator.get_variable_names(),
+      'spec_type': type(spec).__module__ + '.' + type(spec).__name__,
+      'v2_spec_type': type(v2_spec).__module__ + '.' + type(v2_spec).__name__,
+      'column_names': [c.name for c in shared_and_other],
+      'tables': [t.name for t in v2_spec.to_mid_level().tables],
+      'mode_train': tf.estimator.ModeKeys.TRAIN,
   }, f)
 '''
 
 
 @pytest.mark.subprocess
 def test_legacy_script_runs_unchanged(tmp_path):
+  """Its names resolve to tpu_fc's (also a path import of TF 2.15's, the v2
+  namespace's spec, shared columns' tables), and it trains, evaluates and
+  predicts."""
   script = tmp_path / 'legacy_train.py'
   script.write_text(textwrap.dedent(LEGACY_SCRIPT))
   out = tmp_path / 'result.json'
@@ -116,6 +134,12 @@ def test_legacy_script_runs_unchanged(tmp_path):
   assert 'input_layer/ids_embedding/embedding_weights' in result['variables']
   assert 'input_layer/ids_embedding/embedding_weights/Adagrad' in (
       result['variables'])
+  assert result['spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
+  assert result['v2_spec_type'] == 'tpu_fc.spec.EmbeddingConfigSpec'
+  assert result['column_names'] == [
+      'ids_shared_embedding', 'more_shared_embedding', 'other_embedding']
+  assert result['tables'] == ['tbl_ids_more_shared_embedding', 'tbl_other']
+  assert result['mode_train'] == 'train'
 
 
 # A legacy script as users wrote it (tests/scripts/legacy_user_model.py), run
@@ -137,16 +161,31 @@ def _run_user_model(tmp_path, name, runs, v1=True, on_tpu_fc=True):
   return json.loads(result.read_text())
 
 
-def _assert_same_model(got, want):
-  """Same variables, metrics, predictions and served predictions, bit for bit
-  (the same kernels on the same values, in the same order)."""
+def _assert_same_training(got, want):
+  """Same variables, bit for bit (the same kernels on the same values, in the
+  same order), and as many host_call summaries."""
   assert sorted(got['variables']) == sorted(want['variables'])
   for name, value in want['variables'].items():
     np.testing.assert_array_equal(got['variables'][name], value, err_msg=name)
+  assert len(got['summaries']) == len(want['summaries'])
+
+
+def _assert_same_model(got, want):
+  """Same training, and so the same metrics, predictions and served
+  predictions, bit for bit."""
+  _assert_same_training(got, want)
   assert got['metrics'] == want['metrics']
   np.testing.assert_array_equal(got['predictions'], want['predictions'])
   np.testing.assert_array_equal(got['served'], want['served'])
-  assert len(got['summaries']) == len(want['summaries'])
+
+
+def _assert_host_call_logged_at(run, steps):
+  """host_call's summaries at `steps`, its tags unprefixed by any loop's name
+  scope; it reads the global step in the run that increments it (as in TF):
+  step k logs k or k + 1."""
+  assert [tag for tag, _ in run['summaries']] == ['loss'] * len(steps)
+  assert all(step in (k, k + 1) for k, (_, step) in zip(
+      steps, run['summaries'])), run['summaries']
 
 
 @pytest.fixture(scope='module')
@@ -154,11 +193,14 @@ def user_model_runs(tmp_path_factory):
   """The script under TF1 behaviour (disable_v2_behavior), emulated TPU with 2
   shards looping 3 steps per run or 1 (also with host_call every 2 steps),
   with 1 shard, on the CPU, and with a dynamic batch; and with TF2 behaviour,
-  2 shards looping."""
+  2 shards looping.  The runs that differ from `loop` only in how training
+  runs (`step`, `every_2`) only train: evaluation, predictions and the export
+  read the variables, which must equal `loop`'s bit for bit."""
   tmp_path = tmp_path_factory.mktemp('user_model')
   runs = _run_user_model(tmp_path, 'v1', [
-      'loop:tpu:2:3', 'step:tpu:2:1', 'one_shard:tpu:0:3', 'cpu:cpu:0:3',
-      'dynamic:tpu:2:3:dynamic_batch', 'every_2:tpu:2:3:host_call_every_2'])
+      'loop:tpu:2:3', 'step:tpu:2:1:train_only', 'one_shard:tpu:0:3',
+      'cpu:cpu:0:3', 'dynamic:tpu:2:3:dynamic_batch',
+      'every_2:tpu:2:3:host_call_every_2:train_only'])
   runs['v2_loop'] = _run_user_model(tmp_path, 'v2', ['loop:tpu:2:3'],
                                     v1=False)['loop']
   if lanes.LEGACY:
@@ -168,8 +210,7 @@ def user_model_runs(tmp_path_factory):
 
 
 @pytest.mark.subprocess
-@pytest.mark.parametrize('name', ['loop', 'step', 'one_shard', 'cpu',
-                                  'v2_loop'])
+@pytest.mark.parametrize('name', ['loop', 'one_shard', 'cpu', 'v2_loop'])
 def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name):
   """Static shapes (`tf.zeros(logits.shape)`), Keras `Input(tensor=...)`,
   multivalent sequence ids and recall_at_k through all four modes: the exported
@@ -184,12 +225,7 @@ def test_user_model_trains_evaluates_predicts_and_exports(user_model_runs, name)
   # TPU, where the export serves the 8 rows at once: float32's last bit)
   np.testing.assert_allclose(run['served'], run['predictions'][:8], rtol=1e-6)
   assert run['profiles'] >= 1  # the ProfilerHook wrote timelines
-  # host_call runs every step, its tags unprefixed by any loop's name scope;
-  # it reads the global step in the run that increments it (as in TF): step k
-  # logs k or k + 1
-  assert [tag for tag, _ in run['summaries']] == ['loss'] * 6
-  assert all(step in (k, k + 1)
-             for k, (_, step) in enumerate(run['summaries'])), run['summaries']
+  _assert_host_call_logged_at(run, range(6))  # every step
 
 
 @pytest.mark.subprocess
@@ -198,11 +234,10 @@ def test_tf1_loop_runs_host_call_every_n_steps_of_each_loop(user_model_runs):
   2 of each loop (0, 2, 3, 5), under TF1 control flow (a v1 cond in a v1
   while_loop); the model trains as with host_call every step."""
   run = user_model_runs['every_2']
-  assert [tag for tag, _ in run['summaries']] == ['loss'] * 4
-  assert all(step in (k, k + 1) for k, (_, step) in zip(
-      [0, 2, 3, 5], run['summaries'])), run['summaries']
-  _assert_same_model(dict(run, summaries=user_model_runs['loop']['summaries']),
-                     user_model_runs['loop'])
+  _assert_host_call_logged_at(run, [0, 2, 3, 5])
+  _assert_same_training(
+      dict(run, summaries=user_model_runs['loop']['summaries']),
+      user_model_runs['loop'])
 
 
 @pytest.mark.subprocess
@@ -212,7 +247,9 @@ def test_tf1_loop_runs_iterations_per_loop_steps_per_run(user_model_runs):
   learning_rate_fn read in the loop: TF1 once failed to build it there)."""
   assert user_model_runs['loop']['training_runs'] == 2
   assert user_model_runs['step']['training_runs'] == 6
-  _assert_same_model(user_model_runs['loop'], user_model_runs['step'])
+  _assert_same_training(user_model_runs['step'], user_model_runs['loop'])
+  assert user_model_runs['step']['profiles'] >= 1
+  _assert_host_call_logged_at(user_model_runs['step'], range(6))
   _assert_same_model(user_model_runs['v2_loop'], user_model_runs['loop'])
 
 

@@ -16,7 +16,9 @@ from harness import inputs
 from harness import models
 from harness import scripts
 
-pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+# Its loop tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
+              pytest.mark.xdist_group('test_tpu_emulation_loops')]
 fc = tf.feature_column
 N, BATCH, VOCAB, DIM = 24, 4, 7, 3
 IDS = (np.arange(N * 2).reshape(N, 2) * 5) % VOCAB
@@ -76,16 +78,24 @@ def _train(model_dir, iterations_per_loop, runs, input_fn=input_fn):
   return estimator, len(session_runs)
 
 
+LOOP_RUNS = [dict(max_steps=7), dict(steps=4)]
+
+
+@pytest.fixture(name='stepwise', scope='module')
+def _stepwise(tmp_path_factory):
+  """LOOP_RUNS one step per run: what every looped input kind must give."""
+  return _train(tmp_path_factory.mktemp('stepwise'), 1, LOOP_RUNS)
+
+
 @pytest.mark.parametrize('looped_input_fn', [input_fn, iterator_input_fn],
                          ids=['dataset', 'iterator_tensors'])
 @pytest.mark.filterwarnings('ignore:`tf.layers.dense` is deprecated')
-def test_loop_gives_the_step_by_step_result_in_fewer_runs(tmp_path,
+def test_loop_gives_the_step_by_step_result_in_fewer_runs(tmp_path, stepwise,
                                                           looped_input_fn):
   """Also for an input_fn returning an iterator's `get_next()` tensors (here
   with sparse ids): a new batch each step, as a TPU's infeed enqueues them."""
-  runs = [dict(max_steps=7), dict(steps=4)]
-  stepwise, stepwise_runs = _train(tmp_path / 'one', 1, runs)
-  looped, looped_runs = _train(tmp_path / 'three', 3, runs, looped_input_fn)
+  stepwise, stepwise_runs = stepwise
+  looped, looped_runs = _train(tmp_path, 3, LOOP_RUNS, looped_input_fn)
   assert stepwise.get_variable_value('global_step') == 11
   assert looped.get_variable_value('global_step') == 11
   assert stepwise_runs == 11

@@ -6,9 +6,10 @@ of its own: TF1 behaviour is global).
 
   legacy_user_model.py RESULT_JSON MODEL_DIR [--v1]
       [--run NAME:cpu|tpu:NUM_SHARDS:ITERATIONS_PER_LOOP[:dynamic_batch]
-             [:host_call_every_N] ...]
+             [:host_call_every_N][:train_only] ...]
 
-Each run trains, evaluates, predicts and exports the model in MODEL_DIR/NAME and
+Each run trains, evaluates, predicts and exports the model in MODEL_DIR/NAME
+(with train_only, only trains: what training options change ends there) and
 records what came out in RESULT_JSON (or the ValueError it raised).  The style:
 `disable_v2_behavior()`, `model_fn(features, mode, params)` with the labels
 among the features, Keras `Input(tensor=...)`, a `combiner=None` column, a
@@ -165,8 +166,9 @@ class RunCounter(tf.compat.v1.train.SessionRunHook):
 
 
 def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch,
-        host_call_every_n_steps):
-  """Trains, evaluates, predicts and exports; returns what came out."""
+        host_call_every_n_steps, train_only):
+  """Trains, evaluates, predicts and exports (`train_only`: trains); returns
+  what came out."""
   profile_dir = os.path.join(model_dir, 'profile')
   estimator = tf.compat.v1.estimator.tpu.TPUEstimator(
       model_fn=model_fn, use_tpu=use_tpu, train_batch_size=BATCH,
@@ -187,21 +189,25 @@ def run(model_dir, use_tpu, num_shards, iterations, dynamic_batch,
   counter = RunCounter()
   estimator.train(lambda params: input_fn(params, dynamic_batch),
                   max_steps=TRAIN_STEPS, hooks=[counter])
+  trained = {
+      'variables': {name: estimator.get_variable_value(name).tolist()
+                    for name in estimator.get_variable_names()},
+      'training_runs': counter.runs,
+      'summaries': _summaries(os.path.join(model_dir, 'host_call')),
+      'profiles': len(os.listdir(profile_dir)),
+  }
+  if train_only:
+    return trained
   metrics = estimator.evaluate(input_fn, steps=EVAL_STEPS)
   predictions = [p['probability'] for p in estimator.predict(
       lambda params: input_fn(params, repeat=False))]
   export_dir = estimator.export_saved_model(
       os.path.join(model_dir, 'export'), serving_input_fn)
-  return {
-      'variables': {name: estimator.get_variable_value(name).tolist()
-                    for name in estimator.get_variable_names()},
-      'metrics': {name: float(value) for name, value in metrics.items()},
-      'predictions': np.array(predictions, np.float64).tolist(),
-      'served': _served(export_dir),
-      'training_runs': counter.runs,
-      'summaries': _summaries(os.path.join(model_dir, 'host_call')),
-      'profiles': len(os.listdir(profile_dir)),
-  }
+  return dict(
+      trained,
+      metrics={name: float(value) for name, value in metrics.items()},
+      predictions=np.array(predictions, np.float64).tolist(),
+      served=_served(export_dir))
 
 
 def _summaries(directory):
@@ -253,7 +259,8 @@ def main():
       results[name] = run(os.path.join(args.model_dir, name),
                           use_tpu == 'tpu', int(num_shards) or None,
                           int(iterations), 'dynamic_batch' in options,
-                          every_n[0] if every_n else 1)
+                          every_n[0] if every_n else 1,
+                          'train_only' in options)
     except ValueError as error:
       results[name] = {'error': str(error)}
   with open(args.result, 'w') as f:
