@@ -40,14 +40,30 @@ def legacy_slot_names(spec):
           for table in (A_TABLE, SHARED_TABLE)}
 
 
+@pytest.fixture(scope='module')
+def legacy(tmp_path_factory):
+  """legacy(optimizer): (spec, legacy model_dir trained 2 steps) of an
+  `OPTIMIZERS` name, trained once: the tests given it only read it."""
+  trained_dirs = {}
+
+  def trained_with(optimizer):
+    if optimizer not in trained_dirs:
+      spec = make_spec(OPTIMIZERS[optimizer])
+      model_dir = tmp_path_factory.mktemp('legacy_' + optimizer)
+      train(model_dir, spec)
+      trained_dirs[optimizer] = spec, model_dir
+    return trained_dirs[optimizer]
+
+  return trained_with
+
+
 @pytest.fixture(scope='module', params=sorted(OPTIMIZERS))
-def trained(request, tmp_path_factory):
+def trained(request, legacy, tmp_path_factory):
   """(spec, legacy model_dir, mid-level checkpoint prefix) per optimizer."""
-  spec = make_spec(OPTIMIZERS[request.param])
-  model_dir = tmp_path_factory.mktemp('legacy_' + request.param)
-  train(model_dir, spec)
+  spec, model_dir = legacy(request.param)
   mid_level = conversion.to_mid_level_checkpoint(
-      spec, str(model_dir), str(model_dir / 'mid_level'))
+      spec, str(model_dir),
+      str(tmp_path_factory.mktemp('mid_level_' + request.param)))
   return spec, model_dir, mid_level
 
 
@@ -148,11 +164,10 @@ def test_tensor_core_tables_convert_for_tpu_embedding_v0_and_back(tmp_path):
     np.testing.assert_array_equal(value, original[name], err_msg=name)
 
 
-def test_converted_back_checkpoint_resumes_training(tmp_path):
-  spec = make_spec()
-  train(tmp_path / 'legacy', spec)
+def test_converted_back_checkpoint_resumes_training(legacy, tmp_path):
+  spec, model_dir = legacy('adagrad')
   mid_level = conversion.to_mid_level_checkpoint(
-      spec, str(tmp_path / 'legacy'), str(tmp_path / 'mid'))
+      spec, str(model_dir), str(tmp_path / 'mid'))
   conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'back'))
   estimator = train(tmp_path / 'back', spec, steps=1)
   assert estimator.get_variable_value('global_step') == 3
@@ -254,18 +269,18 @@ def test_table_names_mistakes_are_refused(trained, tmp_path):
   assert not os.path.exists(tmp_path / 'x')
 
 
-def test_slots_of_another_optimizer_are_refused(tmp_path):
-  train(tmp_path, make_spec(OPTIMIZERS['adam']))
+def test_slots_of_another_optimizer_are_refused(legacy, tmp_path):
+  spec, model_dir = legacy('adam')
   with pytest.raises(conversion.CheckpointConversionError) as error:
     conversion.to_mid_level_checkpoint(make_spec(OPTIMIZERS['sgd']),
-                                       str(tmp_path), str(tmp_path / 'x'))
+                                       str(model_dir), str(tmp_path / 'x'))
   assert str(error.value) == (
       "Table tbl_a: the checkpoint holds ['{0}/Adam/m', '{0}/Adam/v'], which "
       'StochasticGradientDescentParameters has no slot for.'.format(A_TABLE))
   assert not os.path.exists(tmp_path / 'x')
   # Back to legacy too: a mid-level checkpoint's Adam slots are no SGD's.
   mid_level = conversion.to_mid_level_checkpoint(
-      make_spec(OPTIMIZERS['adam']), str(tmp_path), str(tmp_path / 'mid'))
+      spec, str(model_dir), str(tmp_path / 'mid'))
   with pytest.raises(conversion.CheckpointConversionError) as error:
     conversion.to_legacy_checkpoint(make_spec(OPTIMIZERS['sgd']), mid_level,
                                     str(tmp_path / 'back'))
@@ -276,12 +291,12 @@ def test_slots_of_another_optimizer_are_refused(tmp_path):
   assert not os.path.exists(tmp_path / 'back')
 
 
-def test_changed_vocabulary_is_refused(tmp_path):
-  spec = make_spec()
-  train(tmp_path, spec)
+def test_changed_vocabulary_is_refused(legacy, tmp_path):
+  _, model_dir = legacy('adagrad')
   changed = make_spec(a_vocabulary=12)
   with pytest.raises(conversion.CheckpointConversionError) as error:
-    conversion.to_mid_level_checkpoint(changed, str(tmp_path), str(tmp_path / 'x'))
+    conversion.to_mid_level_checkpoint(changed, str(model_dir),
+                                       str(tmp_path / 'x'))
   assert str(error.value) == (
       'Table tbl_a: checkpoint variable {} has shape [10, 4], but the table is '
       '[vocabulary_size, dimension] = [12, 4] (vocabulary or dimension '
@@ -291,10 +306,11 @@ def test_changed_vocabulary_is_refused(tmp_path):
 @pytest.mark.parametrize('optimizer', [
     tpu_fc.MomentumParameters(0.1, 0.9), tpu_fc.RMSPropParameters(0.1, 0.9, 0.9, 1e-3),
     tpu_fc.ProximalAdagradParameters(0.1)], ids=lambda o: type(o).__name__)
-def test_optimizers_without_a_mid_level_twin_are_refused(optimizer, tmp_path):
-  train(tmp_path, make_spec())
+def test_optimizers_without_a_mid_level_twin_are_refused(legacy, optimizer,
+                                                        tmp_path):
+  _, model_dir = legacy('adagrad')
   with pytest.raises(NotImplementedError, match='has no twin'):
-    conversion.to_mid_level_checkpoint(make_spec(optimizer), str(tmp_path),
+    conversion.to_mid_level_checkpoint(make_spec(optimizer), str(model_dir),
                                        str(tmp_path / 'x'))
 
 
@@ -413,12 +429,12 @@ def spec():
 '''
 
 
-def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
-  train(tmp_path / 'legacy', make_spec(OPTIMIZERS['adam']))
+def test_cli_inspect_and_convert_both_ways(legacy, tmp_path, capsys):
+  _, model_dir = legacy('adam')
   spec_file = _spec_file(tmp_path)
   spec_ref = '{}:spec'.format(spec_file)
 
-  cli.main(['inspect', str(tmp_path / 'legacy'), '--json'])
+  cli.main(['inspect', str(model_dir), '--json'])
   report = json.loads(capsys.readouterr().out)
   assert report['format'] == 'legacy' and report['global_step'] == 2
   tables = {t['name']: t for t in report['tables']}
@@ -433,7 +449,7 @@ def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
   assert report['size_bytes'] > 0
 
   cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec', spec_ref,
-            str(tmp_path / 'legacy'), str(tmp_path / 'mid')])
+            str(model_dir), str(tmp_path / 'mid')])
   mid_level = capsys.readouterr().out.strip()
   cli.main(['inspect', mid_level])
   text = capsys.readouterr().out
@@ -442,36 +458,35 @@ def test_cli_inspect_and_convert_both_ways(tmp_path, capsys):
   cli.main(['convert-checkpoint', '--to', 'legacy', '--spec', spec_ref,
             str(tmp_path / 'mid'), str(tmp_path / 'back')])
   back = checkpoint_values(capsys.readouterr().out.strip())
-  original = checkpoint_values(tmp_path / 'legacy')
+  original = checkpoint_values(model_dir)
   for name, value in back.items():
     np.testing.assert_array_equal(value, original[name], err_msg=name)
 
 
-def test_conversion_refuses_to_repoint_a_model_dir(tmp_path, capsys):
+def test_conversion_refuses_to_repoint_a_model_dir(legacy, tmp_path, capsys):
   """Into the directory it reads, or a mid-level checkpoint into a legacy
   model_dir: refused, the model_dir untouched (its next train() would fail)."""
-  spec = make_spec(OPTIMIZERS['adam'])
-  train(tmp_path / 'legacy', spec)
-  before = sorted(os.listdir(tmp_path / 'legacy'))
-  state = (tmp_path / 'legacy' / 'checkpoint').read_text()
-  for destination in (tmp_path / 'legacy', tmp_path / 'legacy' / '.'):
+  spec, model_dir = legacy('adam')
+  before = sorted(os.listdir(model_dir))
+  state = (model_dir / 'checkpoint').read_text()
+  for destination in (model_dir, model_dir / '.'):
     with pytest.raises(conversion.CheckpointConversionError, match=(
         'Refusing to write the mid-level checkpoint into .*: it is the '
         'directory .* is read from. Choose a new directory.')):
-      conversion.to_mid_level_checkpoint(spec, str(tmp_path / 'legacy'),
+      conversion.to_mid_level_checkpoint(spec, str(model_dir),
                                          str(destination))
   train(tmp_path / 'other', spec)
   with pytest.raises(SystemExit, match='it is a legacy model_dir'):
     cli.main(['convert-checkpoint', '--to', 'mid-level', '--spec',
-              '{}:spec'.format(_spec_file(tmp_path)), str(tmp_path / 'legacy'),
+              '{}:spec'.format(_spec_file(tmp_path)), str(model_dir),
               str(tmp_path / 'other')])
   mid_level = conversion.to_mid_level_checkpoint(
-      spec, str(tmp_path / 'legacy'), str(tmp_path / 'mid'))
+      spec, str(model_dir), str(tmp_path / 'mid'))
   with pytest.raises(conversion.CheckpointConversionError,
                      match='it is the directory'):
     conversion.to_legacy_checkpoint(spec, mid_level, str(tmp_path / 'mid'))
-  assert sorted(os.listdir(tmp_path / 'legacy')) == before
-  assert (tmp_path / 'legacy' / 'checkpoint').read_text() == state
+  assert sorted(os.listdir(model_dir)) == before
+  assert (model_dir / 'checkpoint').read_text() == state
 
 
 def test_conversion_back_into_a_model_dir_keeps_its_checkpoints(tmp_path):

@@ -26,7 +26,9 @@ from harness import lanes
 from harness import models
 from harness import scripts
 
-pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
+              pytest.mark.xdist_group('test_early_stopping')]
 
 
 @pytest.fixture
@@ -36,42 +38,59 @@ def installed():
   tpu_fc.uninstall()
 
 
-@pytest.mark.parametrize('use_tpu, iterations_per_loop, last_step, evaluated', [
-    (False, 1, 8, [2, 4, 6, 8]),
-    (True, 1, 8, [2, 4, 6, 8]),
-    (True, 3, 9, [3, 6, 9]),
-])
-def test_no_decrease_stops_where_the_schedule_says(
-    installed, tmp_path, use_tpu, iterations_per_loop, last_step, evaluated):
-  del installed  # TF's names, as a legacy script has them
-  estimator = estimators.early_stopping_estimator(
-      tf.compat.v1.estimator.tpu, tmp_path, use_tpu, iterations_per_loop)
-  got = estimators.train_until_stopped(
-      tf.compat.v1.estimator, tf.compat.v1.estimator.experimental, estimator)
-  assert got == (last_step, evaluated, True)  # TF's Saver saves it too
-  distances = early_stopping.read_eval_metrics(estimator.eval_dir())
-  assert {step: m['distance'] for step, m in distances.items()} == {
-      step: float((step - models.BEST_STEP) ** 2) for step in evaluated}
+@pytest.fixture(scope='module')
+def stopped(tmp_path_factory):
+  """stopped(use_tpu): (what `train_until_stopped` gives, the evaluations'
+  metrics) of tpu_fc's TPUEstimator under TF's names, as a legacy script
+  has them, once per device: the module's tests share it."""
+  runs = {}
+
+  def run(use_tpu):
+    if use_tpu not in runs:
+      with tpu_fc.legacy_names.installed():
+        estimator = estimators.early_stopping_estimator(
+            tf.compat.v1.estimator.tpu, tmp_path_factory.mktemp('stopped'),
+            use_tpu)
+        runs[use_tpu] = (
+            estimators.train_until_stopped(
+                tf.compat.v1.estimator, tf.compat.v1.estimator.experimental,
+                estimator),
+            early_stopping.read_eval_metrics(estimator.eval_dir()))
+    return runs[use_tpu]
+
+  return run
+
+
+def distances_of(evaluated):
+  """{step: the evaluated metric at it}, from the schedule alone."""
+  return {step: float((step - models.BEST_STEP) ** 2) for step in evaluated}
+
+
+# Three steps a loop on the emulated TPU: test_a_legacy_script_stops_early_on_every_lane.
+@pytest.mark.parametrize('use_tpu', [False, True])
+def test_no_decrease_stops_where_the_schedule_says(stopped, use_tpu):
+  got, metrics = stopped(use_tpu)
+  assert got == (8, [2, 4, 6, 8], True)  # TF's Saver saves it too
+  assert {step: m['distance'] for step, m in metrics.items()} == distances_of(
+      [2, 4, 6, 8])
 
 
 @pytest.mark.legacy_only
-def test_stops_as_tf_2_15_does(tmp_path):
-  runs = {}
-  for library, tpu_namespace, namespace, experimental in (
-      ('tf', tf.compat.v1.estimator.tpu, tf.compat.v1.estimator,
-       tf.compat.v1.estimator.experimental),
-      ('tpu_fc', tpu_fc, tpu_fc, early_stopping)):
-    estimator = estimators.early_stopping_estimator(
-        tpu_namespace, tmp_path / library, False)
-    runs[library] = (
-        estimators.train_until_stopped(namespace, experimental, estimator),
-        early_stopping.read_eval_metrics(estimator.eval_dir()))
-  assert runs['tpu_fc'][0] == runs['tf'][0]
-  assert runs['tpu_fc'][0][0] < 30  # it did stop early
-  assert list(runs['tpu_fc'][1]) == list(runs['tf'][1])
-  for step, metrics in runs['tf'][1].items():
-    assert sorted(runs['tpu_fc'][1][step]) == sorted(metrics)
-    np.testing.assert_allclose(runs['tpu_fc'][1][step]['distance'],
+def test_stops_as_tf_2_15_does(stopped, tmp_path):
+  """TF 2.15's TPUEstimator(use_tpu=False) and hook against tpu_fc's run of
+  the test above."""
+  estimator = estimators.early_stopping_estimator(
+      tf.compat.v1.estimator.tpu, tmp_path, False)
+  theirs = (estimators.train_until_stopped(
+      tf.compat.v1.estimator, tf.compat.v1.estimator.experimental, estimator),
+            early_stopping.read_eval_metrics(estimator.eval_dir()))
+  ours = stopped(False)
+  assert ours[0] == theirs[0]
+  assert ours[0][0] < 30  # it did stop early
+  assert list(ours[1]) == list(theirs[1])
+  for step, metrics in theirs[1].items():
+    assert sorted(ours[1][step]) == sorted(metrics)
+    np.testing.assert_allclose(ours[1][step]['distance'],
                                metrics['distance'], rtol=0, err_msg=str(step))
 
 
@@ -200,7 +219,9 @@ def test_bad_arguments_get_tf_2_15_errors(tmp_path):
 
 @pytest.mark.subprocess
 def test_a_legacy_script_stops_early_on_every_lane(tmp_path):
-  """`tf.estimator.experimental.stop_if_no_decrease_hook` under `tpu_fc run`."""
+  """`tf.estimator.experimental.stop_if_no_decrease_hook` under `tpu_fc run`,
+  on the emulated TPU running 3 steps a loop: it stops, and evaluates, where
+  the schedule says (the one run of that schedule)."""
   script = tmp_path / 'script.py'
   script.write_text(
       'import tensorflow as tf\n'
@@ -209,10 +230,14 @@ def test_a_legacy_script_stops_early_on_every_lane(tmp_path):
       '    tf.compat.v1.estimator.tpu, {model_dir!r}, True, 3)\n'
       'print("stopped at", estimators.train_until_stopped(\n'
       '    tf.estimator, tf.estimator.experimental, estimator))\n'
+      'from tpu_fc.estimator import early_stopping\n'
+      'print("distances", {{step: float(m["distance"]) for step, m in\n'
+      '    early_stopping.read_eval_metrics(estimator.eval_dir()).items()}})\n'
       .format(model_dir=str(tmp_path / 'model')))
   out = scripts.run_python(['-m', 'tpu_fc', 'run', str(script)], check=True,
                            cwd=str(tmp_path), env=scripts.env())
   assert 'stopped at (9, [3, 6, 9], True)' in out.stdout
+  assert 'distances {}'.format(distances_of([3, 6, 9])) in out.stdout
 
 
 def test_a_checkpoint_without_the_stop_variable_resumes(installed, tmp_path):

@@ -31,13 +31,27 @@ LEGACY_NAMES = {'tbl_a': A_TABLE, 'tbl_w_weighted_by_w_weight': W_TABLE,
 Error = conversion.CheckpointConversionError
 
 
+@pytest.fixture(scope='module')
+def legacy(tmp_path_factory):
+  """legacy(optimizer): (spec, legacy model_dir trained 2 steps) of an
+  `OPTIMIZERS` name, trained once: the module's tests only read it."""
+  trained_dirs = {}
+
+  def trained_with(optimizer):
+    if optimizer not in trained_dirs:
+      spec = make_spec(OPTIMIZERS[optimizer])
+      model_dir = tmp_path_factory.mktemp('legacy_' + optimizer)
+      train(model_dir, spec)
+      trained_dirs[optimizer] = spec, model_dir
+    return trained_dirs[optimizer]
+
+  return trained_with
+
+
 @pytest.fixture(scope='module', params=sorted(OPTIMIZERS))
-def trained(request, tmp_path_factory):
+def trained(request, legacy):
   """(spec, legacy model_dir trained 2 steps) per embedding optimizer."""
-  spec = make_spec(OPTIMIZERS[request.param])
-  model_dir = tmp_path_factory.mktemp('legacy_' + request.param)
-  train(model_dir, spec)
-  return spec, model_dir
+  return legacy(request.param)
 
 
 def embedding_of(spec, cls=tpu_fc.mid_level.TPUEmbedding):
@@ -127,12 +141,12 @@ def test_a_converted_mid_level_checkpoint_restores(trained, tmp_path):
   assert_same(variables_of(embedding), legacy_values_by_table(model_dir, spec))
 
 
-def test_slots_held_outside_the_object_are_restored_and_saved(tmp_path):
+def test_slots_held_outside_the_object_are_restored_and_saved(legacy,
+                                                              tmp_path):
   """Slots a `slot_variable_creation_fn` keeps elsewhere (as a Keras
   optimizer does for TFRS) are no checkpoint children of the object, yet
   restored and saved with its tables."""
-  spec = make_spec(OPTIMIZERS['adagrad'])
-  train(tmp_path / 'legacy', spec)
+  spec, model_dir = legacy('adagrad')
   held = []
 
   def slots_elsewhere(table, slot_names, initializers):
@@ -148,15 +162,14 @@ def test_slots_held_outside_the_object_are_restored_and_saved(tmp_path):
         0.1, initial_accumulator_value=0.2,
         slot_variable_creation_fn=slots_elsewhere)
   embedding = tpu_fc.mid_level.TPUEmbedding(config.feature_config, None)
-  conversion.restore_embedding(embedding, str(tmp_path / 'legacy'))
-  assert_same(variables_of(embedding),
-              legacy_values_by_table(tmp_path / 'legacy', spec))
+  conversion.restore_embedding(embedding, str(model_dir))
+  assert_same(variables_of(embedding), legacy_values_by_table(model_dir, spec))
   assert len(held) == 3
   saved = checkpoint_values(conversion.save_embedding(embedding,
                                                       str(tmp_path / 'mid')))
   np.testing.assert_array_equal(
       saved['embedding/tbl_a.Saccumulators/.ATTRIBUTES/VARIABLE_VALUE'],
-      checkpoint_values(tmp_path / 'legacy')[A_TABLE + '/Adagrad'])
+      checkpoint_values(model_dir)[A_TABLE + '/Adagrad'])
 
 
 def test_a_serving_object_without_optimizer_takes_the_tables(trained):
@@ -214,18 +227,18 @@ def refused(embedding, checkpoint, message, **kwargs):
   assert_same(variables_of(embedding), before)
 
 
-def test_what_does_not_fit_is_refused_naming_table_and_field(tmp_path):
-  spec = make_spec(OPTIMIZERS['adagrad'])
-  train(tmp_path / 'legacy', spec)
-  legacy = str(tmp_path / 'legacy')
-  mid_level = conversion.to_mid_level_checkpoint(spec, legacy,
+def test_what_does_not_fit_is_refused_naming_table_and_field(legacy,
+                                                             tmp_path):
+  spec, model_dir = legacy('adagrad')
+  legacy_dir = str(model_dir)
+  mid_level = conversion.to_mid_level_checkpoint(spec, legacy_dir,
                                                  str(tmp_path / 'mid'))
-  for checkpoint in (legacy, mid_level):
+  for checkpoint in (legacy_dir, mid_level):
     refused(embedding_of(make_spec(OPTIMIZERS['adagrad'], a_vocabulary=12)),
             checkpoint, r'Table tbl_a: checkpoint variable .* has shape '
             r'\[10, 4\], but the table is \[vocabulary_size, dimension\] = '
             r'\[12, 4\]')
-  refused(embedding_of(make_spec(OPTIMIZERS['adam'])), legacy, re.escape(
+  refused(embedding_of(make_spec(OPTIMIZERS['adam'])), legacy_dir, re.escape(
       "Table tbl_a: the checkpoint lacks the AdamParameters slot variable(s) "
       "['{0}/Adam/m', '{0}/Adam/v'] (it has ['{0}/Adagrad'])".format(A_TABLE)))
   refused(embedding_of(make_spec(OPTIMIZERS['adam'])), mid_level, re.escape(
@@ -235,7 +248,7 @@ def test_what_does_not_fit_is_refused_naming_table_and_field(tmp_path):
       "Table tbl_a: the mid-level checkpoint holds the slot(s) "
       "['tbl_a/accumulators'], which StochasticGradientDescentParameters has "
       "no slot for"))
-  refused(embedding_of(make_spec(OPTIMIZERS['sgd'])), legacy, re.escape(
+  refused(embedding_of(make_spec(OPTIMIZERS['sgd'])), legacy_dir, re.escape(
       "Table tbl_a: the checkpoint holds ['{}/Adagrad'], which "
       "StochasticGradientDescentParameters has no slot for".format(A_TABLE)))
   table = tf.tpu.experimental.embedding.TableConfig(3, 2, name='tbl_zz')
@@ -243,20 +256,20 @@ def test_what_does_not_fit_is_refused_naming_table_and_field(tmp_path):
       dict(spec.to_mid_level().feature_config,
            zz=tf.tpu.experimental.embedding.FeatureConfig(table)),
       tf.tpu.experimental.embedding.Adagrad(0.1))
-  refused(extra, legacy, re.escape(
+  refused(extra, legacy_dir, re.escape(
       "Table tbl_zz (feature(s) ['zz']): expected one checkpoint variable for "
       "it, found none"))
   refused(extra, mid_level, re.escape(
       'Table tbl_zz is not in the mid-level checkpoint'))
-  refused(extra, legacy, re.escape(
+  refused(extra, legacy_dir, re.escape(
       'Table tbl_zz of the embedding is not a table of the spec'), spec=spec)
-  refused(extra, legacy, re.escape(
+  refused(extra, legacy_dir, re.escape(
       "table_names (--table-name) names ['tbl_z'], which the embedding has "
       "no table of"), table_names={'tbl_z': 'x'})
 
 
-def test_save_never_overwrites(tmp_path):
-  spec = make_spec(OPTIMIZERS['sgd'])
+def test_save_never_overwrites(legacy, tmp_path):
+  spec, model_dir = legacy('sgd')
   embedding = embedding_of(spec)
   conversion.save_embedding(embedding, str(tmp_path / 'mid'), global_step=3)
   for step in (3, 2):
@@ -265,9 +278,8 @@ def test_save_never_overwrites(tmp_path):
       conversion.save_embedding(embedding, str(tmp_path / 'mid'), step)
   assert conversion.save_embedding(embedding, str(tmp_path / 'mid'), 4).endswith(
       'ckpt-4')
-  train(tmp_path / 'legacy', spec)
   with pytest.raises(Error, match='it is a legacy model_dir'):
-    conversion.save_embedding(embedding, str(tmp_path / 'legacy'))
+    conversion.save_embedding(embedding, str(model_dir))
   (tmp_path / 'file').write_text('')
   with pytest.raises(Error, match='it is a file'):
     conversion.save_embedding(embedding, str(tmp_path / 'file'))

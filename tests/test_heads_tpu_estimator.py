@@ -4,11 +4,12 @@ Each head class (tpu_fc's, `harness.heads.ESTIMATOR_CASES`) tops a linear
 model whose model_fn returns `head.create_estimator_spec`: it trains one
 step, evaluates (the emulated TPU with `eval_on_tpu=False`: TF 2.15's TPU
 evaluation refuses a head's `EstimatorSpec`, and its metric_fn's Keras
-metrics, as tpu_fc's does), predicts and exports; the evaluation's losses are
-checked in numpy against the trained kernel, the served outputs against
-`predict`.  `install()` binds tpu_fc's heads into `tf.estimator` on TF >= 2.16
-and leaves TF 2.15's own there.  On the legacy lane the same model with TF
-2.15's heads in TF's TPUEstimator(use_tpu=False) must give the same numbers.
+metrics, as tpu_fc's does; for one head, `EVALUATED_ON_TPU`), predicts and
+exports; the evaluation's losses are checked in numpy against the trained
+kernel, the served outputs against `predict`.  `install()` binds tpu_fc's
+heads into `tf.estimator` on TF >= 2.16 and leaves TF 2.15's own there.  On
+the legacy lane the same model with TF 2.15's heads in TF's
+TPUEstimator(use_tpu=False) must give the same numbers.
 """
 import numpy as np
 import pytest
@@ -18,6 +19,9 @@ from tpu_fc._tf import tf
 
 from harness import heads
 from harness import lanes
+
+# Its tests share a module-scoped fixture: one xdist worker runs them all.
+pytestmark = pytest.mark.xdist_group('test_heads_tpu_estimator')
 
 LR = 0.5
 KERNEL = np.array([[0.5, -0.25, 0.75], [-0.5, 1., 0.25]], np.float32)
@@ -110,40 +114,91 @@ def expected_losses(case, kernel):
       key('average_loss'): heads.numpy_average(losses, weights)}
 
 
-def train_evaluate_predict_export(tmp_path, case, use_tpu, implementation):
-  """Checks the case's model with `implementation`'s head through every
-  mode (see the module doc)."""
-  estimator = _estimator(case, tmp_path / 'model', use_tpu,
-                         implementation=implementation)
+# Evaluation, the costly mode (a head's metrics), runs on the emulated TPU
+# for one head only: with `eval_on_tpu=False` it evaluates on the CPU as
+# use_tpu=False does, where every head evaluates; every pair of head, device
+# and mode is still covered (each head trains, predicts and exports on both).
+EVALUATED_ON_TPU = ('regression',)
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+  """run(case, use_tpu, implementation='tpu_fc', driver='tpu_fc', **kwargs):
+  the case's model (`implementation`'s head in `driver`'s TPUEstimator)
+  trained one step, evaluated (as `EVALUATED_ON_TPU` says), predicted and
+  (tpu_fc's) exported and served, once per arguments: the module's tests
+  share it."""
+  runs = {}
+
+  def run_of(case, use_tpu, implementation='tpu_fc', driver='tpu_fc',
+             **kwargs):
+    key = (case, use_tpu, implementation, driver,
+           tuple(sorted(kwargs.items())))
+    if key not in runs:
+      runs[key] = _train_evaluate_predict_export(
+          tmp_path_factory.mktemp(case), case, use_tpu, implementation,
+          lanes.driver(driver),
+          evaluate=not use_tpu or case in EVALUATED_ON_TPU,
+          export=driver == 'tpu_fc', **kwargs)
+    return runs[key]
+
+  return run_of
+
+
+def _train_evaluate_predict_export(tmp_path, case, use_tpu, implementation,
+                                   driver, evaluate, export, **kwargs):
+  """{'kernel'[, 'evaluation'], 'predictions'[, 'served', 'signatures']}."""
+  estimator = _estimator(case, tmp_path / 'model', use_tpu, driver=driver,
+                         implementation=implementation, **kwargs)
   estimator.train(input_fn_of(case), steps=1)
-  kernel = estimator.get_variable_value('dense/kernel')
+  result = dict(
+      kernel=estimator.get_variable_value('dense/kernel'),
+      predictions=list(estimator.predict(predict_input_fn,
+                                         yield_single_examples=False))[0])
+  if evaluate:
+    result['evaluation'] = estimator.evaluate(input_fn_of(case), steps=1)
+  if export:
+    export_dir = estimator.export_saved_model(
+        str(tmp_path / 'export'),
+        tpu_fc.export.build_parsing_serving_input_receiver_fn(
+            {'x': tf.io.FixedLenFeature([heads.X_DIM], tf.float32)}))
+    signatures = tf.saved_model.load(export_dir.decode()).signatures
+    result['signatures'] = sorted(signatures.keys())
+    x = heads.batch('binary')[0]['x']
+    result['served'] = {
+        key: value.numpy() for key, value in signatures['serving_default'](
+            inputs=tf.constant(_examples(x))).items()}
+  return result
+
+
+def check_run(result, case):
+  """The run's evaluation against its trained kernel in numpy, its
+  predictions against the kernel, what it served against its predictions."""
+  kernel = result['kernel']
   assert not np.allclose(kernel, KERNEL[:, :kernel.shape[1]])  # trained
 
-  results = estimator.evaluate(input_fn_of(case), steps=1)
-  loss, metrics = expected_losses(case, kernel)
-  assert results['loss'] == pytest.approx(loss, rel=1e-5)
-  for key, value in metrics.items():
-    assert results[key] == pytest.approx(value, rel=1e-5), key
+  if 'evaluation' in result:
+    results = result['evaluation']
+    loss, metrics = expected_losses(case, kernel)
+    assert results['loss'] == pytest.approx(loss, rel=1e-5)
+    for key, value in metrics.items():
+      assert results[key] == pytest.approx(value, rel=1e-5), key
 
   x = heads.batch('binary')[0]['x']
-  predictions = list(estimator.predict(predict_input_fn,
-                                       yield_single_examples=False))[0]
+  predictions = result['predictions']
   logits = predictions.get('logits', predictions.get(
       'predictions', predictions.get(('reg', 'predictions'))))
   np.testing.assert_allclose(logits, (x @ kernel)[:, -logits.shape[1]:],
                              rtol=1e-5, atol=1e-6)
 
-  export_dir = estimator.export_saved_model(
-      str(tmp_path / 'export'),
-      tpu_fc.export.build_parsing_serving_input_receiver_fn(
-          {'x': tf.io.FixedLenFeature([heads.X_DIM], tf.float32)}))
-  signatures = tf.saved_model.load(export_dir.decode()).signatures
-  served = signatures['serving_default'](inputs=tf.constant(_examples(x)))
-  output, prediction = ('scores', 'probabilities') if 'scores' in served else (
-      'outputs', 'predictions')
-  prediction = predictions.get(prediction, predictions.get(('bin', prediction)))
-  np.testing.assert_allclose(served[output].numpy(), prediction, rtol=1e-6)
-  assert 'predict' in signatures
+  if 'served' in result:
+    served = result['served']
+    output, prediction = ('scores', 'probabilities') if 'scores' in served else (
+        'outputs', 'predictions')
+    prediction = predictions.get(prediction,
+                                 predictions.get(('bin', prediction)))
+    np.testing.assert_allclose(served[output], prediction, rtol=1e-6)
+    assert 'predict' in result['signatures']
 
 
 USE_TPU = pytest.mark.parametrize('use_tpu', [False, True],
@@ -152,15 +207,15 @@ USE_TPU = pytest.mark.parametrize('use_tpu', [False, True],
 
 @USE_TPU
 @pytest.mark.parametrize('case', heads.ESTIMATOR_CASES)
-def test_head_trains_evaluates_predicts_and_exports(tmp_path, case, use_tpu):
-  train_evaluate_predict_export(tmp_path, case, use_tpu, 'tpu_fc')
+def test_head_trains_evaluates_predicts_and_exports(run, case, use_tpu):
+  check_run(run(case, use_tpu), case)
 
 
 @pytest.mark.legacy_only
 @USE_TPU
-def test_tf_heads_run_in_tpu_fc_estimators(tmp_path, use_tpu):
+def test_tf_heads_run_in_tpu_fc_estimators(run, use_tpu):
   """What `install()` leaves bound on TF 2.15: TF's own heads."""
-  train_evaluate_predict_export(tmp_path, 'multi_head', use_tpu, 'tf')
+  check_run(run('multi_head', use_tpu, 'tf'), 'multi_head')
 
 
 @USE_TPU
@@ -231,26 +286,19 @@ def test_install_binds_the_heads_where_tf_has_none():
 
 @pytest.mark.legacy_only
 @pytest.mark.parametrize('case', heads.ESTIMATOR_CASES)
-def test_head_in_tpu_estimator_matches_tf(tmp_path, case):
+def test_head_in_tpu_estimator_matches_tf(run, case):
   """tpu_fc's heads in tpu_fc's TPUEstimator(use_tpu=False) and TF 2.15's
-  heads in TF's: the same kernel, evaluation and predictions."""
-  results = {}
-  for name in ('tpu_fc', 'tf'):
-    estimator = _estimator(case, tmp_path / name, False,
-                           driver=lanes.driver(name), implementation=name,
-                           cross_shard=False)
-    estimator.train(input_fn_of(case), steps=2)
-    results[name] = (
-        estimator.get_variable_value('dense/kernel'),
-        estimator.evaluate(input_fn_of(case), steps=1),
-        list(estimator.predict(predict_input_fn,
-                               yield_single_examples=False))[0])
-  np.testing.assert_array_equal(results['tpu_fc'][0], results['tf'][0])
-  assert sorted(results['tpu_fc'][1]) == sorted(results['tf'][1])
-  for key, value in results['tf'][1].items():
-    np.testing.assert_allclose(results['tpu_fc'][1][key], value, rtol=1e-6,
+  heads in TF's: the same kernel, evaluation and predictions.  TF's
+  use_tpu=False has no CPU kernel for `CrossShardOptimizer`; tpu_fc's run
+  (shared with the test above) has it, summing over its one shard."""
+  ours = run(case, False)
+  theirs = run(case, False, 'tf', driver='tf', cross_shard=False)
+  np.testing.assert_array_equal(ours['kernel'], theirs['kernel'])
+  assert sorted(ours['evaluation']) == sorted(theirs['evaluation'])
+  for key, value in theirs['evaluation'].items():
+    np.testing.assert_allclose(ours['evaluation'][key], value, rtol=1e-6,
                                err_msg=key)
-  assert sorted(map(str, results['tpu_fc'][2])) == sorted(
-      map(str, results['tf'][2]))
-  for key, value in results['tf'][2].items():
-    np.testing.assert_array_equal(results['tpu_fc'][2][key], value)
+  assert sorted(map(str, ours['predictions'])) == sorted(
+      map(str, theirs['predictions']))
+  for key, value in theirs['predictions'].items():
+    np.testing.assert_array_equal(ours['predictions'][key], value)
