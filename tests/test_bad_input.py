@@ -375,7 +375,9 @@ def test_out_of_range_ids_are_reported_first(path, mode, tmp_path):
     patterns = ((_GATHER_OUT_OF_RANGE, _SEGMENT_OUT_OF_RANGE)
                 if mode == 'train' else (_SEGMENT_OUT_OF_RANGE,))
     assert any(pattern.fullmatch(reason) for pattern in patterns), message
-    assert node.lstrip().startswith('[[{{node dense_features/'), node
+    # (prediction runs the model_fn once per emulated core: any core's lookup
+    # may meet a bad id first)
+    assert re.match(r'\[\[\{\{node dense_features(_\d+)?/', node.lstrip()), node
   else:
     assert message == OUT_OF_RANGE_START[path].format('7 9') + (
         ', or hash or clip the ids in input_fn.')
