@@ -26,7 +26,8 @@ from tpu_fc._tf import tf
 from harness.checkpoints import (A_TABLE, BATCH, OPTIMIZERS, SHARED_TABLE,
                                  assert_converted_back, checkpoint_values,
                                  input_fn, make_spec, model_fn,
-                                 tpu_embedding_variables, train)
+                                 tpu_embedding_variables, train,
+                                 trained_once)
 
 # Its tests share a module-scoped fixture: one xdist worker runs them all.
 pytestmark = pytest.mark.xdist_group('test_checkpoint_conversion')
@@ -44,17 +45,7 @@ def legacy_slot_names(spec):
 def legacy(tmp_path_factory):
   """legacy(optimizer): (spec, legacy model_dir trained 2 steps) of an
   `OPTIMIZERS` name, trained once: the tests given it only read it."""
-  trained_dirs = {}
-
-  def trained_with(optimizer):
-    if optimizer not in trained_dirs:
-      spec = make_spec(OPTIMIZERS[optimizer])
-      model_dir = tmp_path_factory.mktemp('legacy_' + optimizer)
-      train(model_dir, spec)
-      trained_dirs[optimizer] = spec, model_dir
-    return trained_dirs[optimizer]
-
-  return trained_with
+  return trained_once(tmp_path_factory)
 
 
 @pytest.fixture(scope='module', params=sorted(OPTIMIZERS))

@@ -20,7 +20,7 @@ from tpu_fc._tf import tf
 
 from harness import oracle
 from harness.checkpoints import (A_TABLE, OPTIMIZERS, SHARED_TABLE,
-                                 checkpoint_values, make_spec, train)
+                                 checkpoint_values, make_spec, trained_once)
 
 # Its tests share a module-scoped fixture: one xdist worker runs them all.
 pytestmark = pytest.mark.xdist_group('test_embedding_checkpoints')
@@ -35,17 +35,7 @@ Error = conversion.CheckpointConversionError
 def legacy(tmp_path_factory):
   """legacy(optimizer): (spec, legacy model_dir trained 2 steps) of an
   `OPTIMIZERS` name, trained once: the module's tests only read it."""
-  trained_dirs = {}
-
-  def trained_with(optimizer):
-    if optimizer not in trained_dirs:
-      spec = make_spec(OPTIMIZERS[optimizer])
-      model_dir = tmp_path_factory.mktemp('legacy_' + optimizer)
-      train(model_dir, spec)
-      trained_dirs[optimizer] = spec, model_dir
-    return trained_dirs[optimizer]
-
-  return trained_with
+  return trained_once(tmp_path_factory)
 
 
 @pytest.fixture(scope='module', params=sorted(OPTIMIZERS))

@@ -87,6 +87,23 @@ def train(model_dir, spec, use_tpu=True, steps=2, **params):
   return estimator
 
 
+def trained_once(tmp_path_factory):
+  """trained_with(optimizer) -> (spec, model_dir) of the legacy model of an
+  `OPTIMIZERS` name trained 2 steps, trained on first use only: for a
+  module fixture whose tests only read the model_dir."""
+  trained_dirs = {}
+
+  def trained_with(optimizer):
+    if optimizer not in trained_dirs:
+      spec = make_spec(OPTIMIZERS[optimizer])
+      model_dir = tmp_path_factory.mktemp('legacy_' + optimizer)
+      train(model_dir, spec)
+      trained_dirs[optimizer] = spec, model_dir
+    return trained_dirs[optimizer]
+
+  return trained_with
+
+
 def checkpoint_values(path):
   reader = tf.train.load_checkpoint(str(path))
   return {name: reader.get_tensor(name)
