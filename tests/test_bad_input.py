@@ -25,9 +25,6 @@ from tpu_fc._tf import tf
 from harness import lanes
 from harness.oracle import outcome
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_bad_input')
-
 fc = tf.feature_column
 PATHS = ('cpu', 'embedding_core', 'tensor_core')
 TPU_PATHS = ('embedding_core', 'tensor_core')

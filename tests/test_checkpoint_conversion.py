@@ -29,9 +29,6 @@ from harness.checkpoints import (A_TABLE, BATCH, OPTIMIZERS, SHARED_TABLE,
                                  tpu_embedding_variables, train,
                                  trained_once)
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_checkpoint_conversion')
-
 fc = tf.feature_column
 
 

@@ -19,9 +19,6 @@ from tpu_fc import build_context
 import tensorflow as tf  # pylint: disable=g-bad-import-order
 from tensorflow.python.tpu import feature_column_v2 as tf_tpu_fc  # pylint: disable=g-bad-import-order
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_columns')
-
 fc = tf.feature_column
 
 TF_EMBEDDING = tf_tpu_fc.embedding_column_v2
@@ -43,8 +40,6 @@ def test_reference_factories_are_tf_exports():
   assert tf.compat.v1.tpu.experimental.embedding_column is TF_EMBEDDING
   assert tf.compat.v1.tpu.experimental.shared_embedding_columns is TF_SHARED
   assert tpu_fc.embedding_column is not TF_EMBEDDING
-
-
 
 
 # --------------------------------------------------------------------------------

@@ -51,8 +51,7 @@ BOUND_CASES = [(path, 'sparse', 'adagrad') for path in models.PATHS]
 # optimizer), so no bug needs all three levels together.
 CASES = covering.pairwise(GRID, keep=BOUND_CASES)
 
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_contract')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 
 def _trained(model_dir, path, optimizer, kind, slots=()):

@@ -20,9 +20,6 @@ from tpu_fc._tf import tf
 from harness import scripts
 from harness.oracle import outcome
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_crash_safety')
-
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts',
                       'crash_train.py')
 TIMEOUT = 120

@@ -26,9 +26,7 @@ from harness import lanes
 from harness import models
 from harness import scripts
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_early_stopping')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 
 @pytest.fixture

@@ -22,8 +22,6 @@ from harness import oracle
 from harness.checkpoints import (A_TABLE, OPTIMIZERS, SHARED_TABLE,
                                  checkpoint_values, make_spec, trained_once)
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_embedding_checkpoints')
 
 W_TABLE = 'dense_features/w_weighted_by_w_weight_embedding/embedding_weights'
 LEGACY_NAMES = {'tbl_a': A_TABLE, 'tbl_w_weighted_by_w_weight': W_TABLE,

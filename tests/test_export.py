@@ -25,9 +25,6 @@ from harness import lanes
 from harness import scripts
 from harness.oracle import outcome
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_export')
-
 fc = tf.feature_column
 PREDICT = tpu_fc.ModeKeys.PREDICT
 

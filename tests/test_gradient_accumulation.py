@@ -24,8 +24,7 @@ import tpu_fc
 from tpu_fc import reference
 from tpu_fc._tf import tf
 
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_gradient_accumulation')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 VOCAB, DIM = 8, 2
 TABLE = 'dense_features/x_embedding/embedding_weights'

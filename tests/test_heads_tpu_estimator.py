@@ -20,8 +20,6 @@ from tpu_fc._tf import tf
 from harness import heads
 from harness import lanes
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_heads_tpu_estimator')
 
 LR = 0.5
 KERNEL = np.array([[0.5, -0.25, 0.75], [-0.5, 1., 0.25]], np.float32)

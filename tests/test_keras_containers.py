@@ -17,8 +17,6 @@ from harness import estimators
 from harness import inputs
 from harness import lanes
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_keras_containers')
 
 # The model's data and batch (the linear model's).
 N, BATCH = inputs.N, estimators.LINEAR_BATCH

@@ -12,8 +12,6 @@ import pytest
 from harness import lanes
 from harness import scripts
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_legacy_scripts')
 
 LEGACY_SCRIPT = '''
 """A TPUEstimator script written for TF 2.15: legacy names only."""

@@ -34,9 +34,6 @@ sys.path.insert(0, EXAMPLES)
 import step1_train  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import step2_mid_level_config  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 import step3_convert_checkpoint  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
-
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_migration_guide')
 # Step 4 calls `tpu_fc.install()` on import (step 5 imports it); bound here for
 # the import only, so the other test modules of the session see TF's names.
 with legacy_names.installed():

@@ -23,9 +23,6 @@ from tpu_fc import checkpoint_conversion as conversion
 from tpu_fc import optimizers
 from tpu_fc._tf import tf
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_own_optimizer')
-
 
 def _decayed_adagrad_rows(parameters, w, slots, g, lr):
   """The engine's rule, on TF ops over the looked-up rows (float32)."""

@@ -21,9 +21,7 @@ from harness import oracle
 from tpu_fc._tf import tf
 
 REPLICAS = 2
-# Its tests share trained embeddings (`_trained`): one xdist worker runs them.
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_replicas')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 
 def _replica_ids(kind):

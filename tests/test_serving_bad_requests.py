@@ -13,9 +13,6 @@ import pytest
 import tpu_fc
 from tpu_fc._tf import tf
 
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_serving_bad_requests')
-
 fc = tf.feature_column
 VOCABULARY = ['a', 'b', 'c']
 V_IDS, D, BATCH = 4, 2, 2

@@ -208,9 +208,6 @@ class Harness:
     return values.pop('table'), values
 
 
-pytestmark = pytest.mark.xdist_group('test_sparse_update')
-
-
 @pytest.fixture(scope='module')
 def harness_of():
   """(case, stage) -> its Harness (the rate fed at each step), built once for

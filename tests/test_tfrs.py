@@ -27,8 +27,6 @@ from harness import scripts
 from harness.checkpoints import OPTIMIZERS, checkpoint_values, make_spec, train
 
 tfrs = pytest.importorskip('tensorflow_recommenders')
-# Its tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = pytest.mark.xdist_group('test_tfrs')
 from tpu_fc import tfrs as tpu_fc_tfrs  # pylint: disable=g-import-not-at-top,g-bad-import-order
 from harness.tfrs import (ADAGRAD_START, ADAM, DIM, FTRL, IDS, KERAS_EPSILON,  # pylint: disable=g-import-not-at-top,g-bad-import-order
                           KERNEL, LABELS, MODEL_LR, OPTIMIZER_ARGS, DENSE_X,

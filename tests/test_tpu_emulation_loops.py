@@ -16,9 +16,7 @@ from harness import inputs
 from harness import models
 from harness import scripts
 
-# Its loop tests share a module-scoped fixture: one xdist worker runs them all.
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_tpu_emulation_loops')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 fc = tf.feature_column
 N, BATCH, VOCAB, DIM = 24, 4, 7, 3
 IDS = (np.arange(N * 2).reshape(N, 2) * 5) % VOCAB

@@ -39,9 +39,7 @@ SCRIPT = os.path.join(scripts.SCRIPTS, 'legacy_train_and_evaluate.py')
 BATCH = 4
 RTOL = 1e-5
 
-# (its tests share a module-scoped fixture: one xdist worker runs them all)
-pytestmark = [pytest.mark.filterwarnings('ignore::UserWarning'),
-              pytest.mark.xdist_group('test_train_and_evaluate')]
+pytestmark = pytest.mark.filterwarnings('ignore::UserWarning')
 
 
 def _mean_absolute_error(labels, predictions):
