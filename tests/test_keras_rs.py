@@ -24,6 +24,7 @@ from tpu_fc import checkpoint_conversion as conversion  # noqa: E402  pylint: di
 from tpu_fc._tf import tf  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 from harness import checkpoints  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from harness import covering  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from harness import mid_level  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from harness import models  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -214,15 +215,8 @@ def _assert_tpu_rule(layer, name, g=G, **options):
 # The layer applies its tables' rules in one update whichever loop computed
 # the gradient on however many replicas, so a rule wrong under one factor
 # level fails the cases that have that level.
-CASES = [
-    ('sgd', 'fit', 1), ('sgd', 'loop', 2),
-    ('adagrad', 'fit', 2), ('adagrad', 'loop', 1),
-    ('adam', 'fit', 1), ('adam', 'loop', 2),
-    ('ftrl', 'fit', 2), ('ftrl', 'loop', 1),
-]
-
-
-@pytest.mark.parametrize('name, train_by, replicas', CASES)
+@pytest.mark.parametrize('name, train_by, replicas',
+                         covering.LAYER_TRAININGS)
 def test_tables_train_by_their_optimizers_tpu_rules(name, train_by, replicas,
                                                     tmp_path):
   """Two steps: the tables and slots of the TPU rule, not Keras'.  The

@@ -22,6 +22,7 @@ from tpu_fc import checkpoint_conversion as conversion
 from tpu_fc import local_network
 from tpu_fc._tf import tf
 
+from harness import covering
 from harness import mid_level
 from harness import scripts
 from harness.checkpoints import OPTIMIZERS, checkpoint_values, make_spec, train
@@ -190,15 +191,8 @@ def _installed():
 # The layer applies its optimizer's rule in one update whichever loop computed
 # the gradient on however many replicas, so a rule wrong under one factor
 # level fails the cases that have that level.
-GUIDE_CASES = [
-    ('sgd', 'fit', 1), ('sgd', 'loop', 2),
-    ('adagrad', 'fit', 2), ('adagrad', 'loop', 1),
-    ('adam', 'fit', 1), ('adam', 'loop', 2),
-    ('ftrl', 'fit', 2), ('ftrl', 'loop', 1),
-]
-
-
-@pytest.mark.parametrize('name, train_by, replicas', GUIDE_CASES)
+@pytest.mark.parametrize('name, train_by, replicas',
+                         covering.LAYER_TRAININGS)
 def test_the_guides_program_trains_by_the_embedding_optimizers_tpu_rule(
     installed, name, train_by, replicas, tmp_path):
   """Two steps of the guide's model, its embedding optimizer not the model's:

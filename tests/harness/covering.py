@@ -32,3 +32,10 @@ def pairwise(cases, keep=()):
 
 def _pairs(case):
   return set(itertools.combinations(enumerate(case), 2))
+
+
+# The migrated Keras layers' trainings (TFRS's and keras-rs's): each embedding
+# optimizer by `model.fit` and by a custom loop, on one replica and on two.
+LAYER_TRAININGS = pairwise(
+    itertools.product(('sgd', 'adagrad', 'adam', 'ftrl'), ('fit', 'loop'),
+                      (1, 2)))
