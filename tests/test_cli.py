@@ -88,7 +88,11 @@ def test_command_line_mistakes_get_a_line_not_a_traceback(tmp_path, argv, code,
 def test_run_scripts_multiprocessing_children_see_the_legacy_names(tmp_path):
   """A spawn child runs the script's top level again in a fresh interpreter;
   under `tpu-fc run` it binds the legacy names first (before, on TF >= 2.16:
-  an AttributeError in the child, and a Pool waiting forever)."""
+  an AttributeError in the child, and a Pool waiting forever), also where a
+  checkout named `tpu_fc` in the working directory shadows the package (the
+  child once imported that folder, and the Pool waited forever again)."""
+  (tmp_path / 'tpu_fc').mkdir()
+  (tmp_path / 'tpu_fc' / 'README.md').write_text('# tpu_fc\n')
   (tmp_path / 'pool.py').write_text(
       'import multiprocessing\n'
       'import tensorflow as tf\n'

@@ -9,12 +9,14 @@ import os
 import sys
 
 
-def _this_package():
+def this_package():
   """The tpu_fc package holding this file, even where a folder shadows it.
 
   `python -m tpu_fc` run from a folder that holds a checkout named `tpu_fc`
-  imports that folder as an empty namespace package (the working directory
-  comes first on `sys.path`); load the package of this file in its place.
+  (and a `tpu-fc run` script's spawned child there) imports that folder as an
+  empty namespace package when tpu_fc is installed editable (the working
+  directory comes first on `sys.path`, the editable install's finder after
+  it); load the package of this file in its place.
   """
   package = sys.modules.get('tpu_fc')
   if package is None or getattr(package, '__file__', None) is None:
@@ -173,7 +175,7 @@ def _add_cluster_command(commands):
 
 
 def main(argv=None):
-  _this_package()
+  this_package()
   parser = argparse.ArgumentParser(
       prog='tpu-fc', description='Legacy TPU embedding columns and TPUEstimator '
       'on any TensorFlow version.')

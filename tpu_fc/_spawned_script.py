@@ -7,7 +7,10 @@ run this module instead, which binds the names and then runs the script.
 """
 import os
 
-from tpu_fc import legacy_names
+from tpu_fc import __main__ as command_line
+
+command_line.this_package()  # (the child's working directory is the parent's)
+from tpu_fc import legacy_names  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 legacy_names.install()
 globals().update(legacy_names.run_script(os.environ[legacy_names.RUN_SCRIPT_ENV],
