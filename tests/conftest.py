@@ -21,9 +21,11 @@ tf.config.set_logical_device_configuration(
 
 # The files of the most work (CPU seconds of each lane's suite, measured per
 # file), longest first, the rest after them in their order: xdist's
-# `--dist loadfile` hands the workers whole files in collection order, so the
-# long ones start first and the workers end together, not one running a long
-# file while the other idles.
+# `--dist loadfile --no-loadscope-reorder` (setup.cfg) hands the workers whole
+# files in collection order, so the long ones start first and the workers end
+# together, not one running a long file while the other idles.  (xdist's own
+# order, by number of tests, put the few slow tests of process-running files
+# last.)
 LONGEST_FIRST = (
     'test_cluster.py', 'test_export.py', 'test_migration_guide.py',
     'test_legacy_scripts.py', 'test_keras_rs.py', 'test_tfrs.py',
