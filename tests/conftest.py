@@ -19,24 +19,7 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
-# The files of the most work (CPU seconds of each lane's suite, measured per
-# file), longest first, the rest after them in their order: xdist's
-# `--dist loadfile --no-loadscope-reorder` (setup.cfg) hands the workers whole
-# files in collection order, so the long ones start first and the workers end
-# together, not one running a long file while the other idles.  (xdist's own
-# order, by number of tests, put the few slow tests of process-running files
-# last.)
-LONGEST_FIRST = (
-    'test_cluster.py', 'test_export.py', 'test_migration_guide.py',
-    'test_legacy_scripts.py', 'test_keras_rs.py', 'test_tfrs.py',
-    'test_checkpoint_conversion.py', 'test_host_engine.py', 'test_demo.py',
-    'test_tpu_emulation_tables.py', 'test_mid_level_tpu_embedding.py',
-    'test_heads_tpu_estimator.py', 'test_bad_input.py', 'test_contract.py')
-
-
 def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable)
   if lanes.LEGACY:
     return
   skip = pytest.mark.skip(reason=lanes.SKIP_REASON)
