@@ -38,16 +38,6 @@ def test_help_answers_without_importing_tensorflow(tmp_path):
   assert not [name for name in imported if name.startswith('tensorflow')]
 
 
-def test_run_from_a_folder_that_holds_a_checkout_named_tpu_fc(tmp_path):
-  (tmp_path / 'tpu_fc').mkdir()  # a clone's folder: no __init__.py at its top
-  (tmp_path / 'tpu_fc' / 'README.md').write_text('# tpu_fc\n')
-  (tmp_path / 'mine.py').write_text(SCRIPT)
-  result = scripts.run_python(['-m', 'tpu_fc', 'run', 'mine.py', '--flag'],
-                              tmp_path)
-  assert result.returncode == 0, result.stderr
-  assert "ran ['--flag']" in result.stdout
-
-
 @pytest.mark.skipif(LANE_PYTHON is None,
                     reason="runs in scripts/lane.sh's own virtualenvs only")
 def test_lane_script_runs_a_script_by_its_relative_path(tmp_path):
@@ -86,22 +76,25 @@ def test_command_line_mistakes_get_a_line_not_a_traceback(tmp_path, argv, code,
 
 
 def test_run_scripts_multiprocessing_children_see_the_legacy_names(tmp_path):
-  """A spawn child runs the script's top level again in a fresh interpreter;
-  under `tpu-fc run` it binds the legacy names first (before, on TF >= 2.16:
-  an AttributeError in the child, and a Pool waiting forever), also where a
-  checkout named `tpu_fc` in the working directory shadows the package (the
-  child once imported that folder, and the Pool waited forever again)."""
+  """A script run from a folder holding a checkout named `tpu_fc` (no
+  `__init__.py` at its top) gets its flags and the legacy names.  A spawn
+  child runs the script's top level again in a fresh interpreter; under
+  `tpu-fc run` it binds the legacy names first (before, on TF >= 2.16: an
+  AttributeError in the child, and a Pool waiting forever), also where that
+  checkout shadows the package (the child once imported that folder, and the
+  Pool waited forever again)."""
   (tmp_path / 'tpu_fc').mkdir()
   (tmp_path / 'tpu_fc' / 'README.md').write_text('# tpu_fc\n')
-  (tmp_path / 'pool.py').write_text(
+  (tmp_path / 'pool.py').write_text(SCRIPT + (
       'import multiprocessing\n'
-      'import tensorflow as tf\n'
       'RUN_CONFIG = tf.compat.v1.estimator.tpu.RunConfig  # a legacy name\n'
       'def double(x):\n'
       '  return 2 * x\n'
       "if __name__ == '__main__':\n"
       "  with multiprocessing.get_context('spawn').Pool(1) as pool:\n"
-      "    print('doubled', pool.map(double, [1, 2]))\n")
-  result = scripts.run_python(['-m', 'tpu_fc', 'run', 'pool.py'], tmp_path)
+      "    print('doubled', pool.map(double, [1, 2]))\n"))
+  result = scripts.run_python(['-m', 'tpu_fc', 'run', 'pool.py', '--flag'],
+                              tmp_path)
   assert result.returncode == 0, result.stderr[-2000:]
+  assert "ran ['--flag']" in result.stdout
   assert 'doubled [2, 4]' in result.stdout

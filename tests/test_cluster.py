@@ -189,8 +189,11 @@ def test_chief_and_ps_failures_leave_checkpoints_that_resume_exactly(tmp_path,
   with open(os.path.join(tmp_path, 'logs_killed', 'chief-0.log')) as f:
     restored = re.findall(r'Restoring parameters from .*model\.ckpt-(\d+)',
                           f.read())
-  # (the task's log repeats each line)
-  assert [int(step) for step in dict.fromkeys(restored)] == [2]
+  # (the task's log repeats each line; the restarted chief may also recover
+  # its session from a later checkpoint when the ps dies, before the launcher
+  # stops it, as TF's MonitoredSession does)
+  restored = [int(step) for step in dict.fromkeys(restored)]
+  assert restored[0] == 2 and all(step > 2 for step in restored[1:]), restored
   last = _checkpoint_step(model_dir)
   reference = single_host(tmp_path / 'one_host', False, last)
   assert_same_variables(checkpoint_values(model_dir), reference)

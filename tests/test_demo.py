@@ -1,11 +1,9 @@
 """`python -m tpu_fc demo`, the README's main command, on a few steps."""
 import logging
-import math
 import os
 import re
 import tempfile
 
-import numpy as np
 import pytest
 
 from tpu_fc import __main__ as command_line
@@ -13,31 +11,6 @@ from tpu_fc import demo
 from tpu_fc._tf import tf
 
 from harness import scripts
-
-
-def test_demo_trains_exports_and_serves(tmp_path, capsys):
-  model_dir = tmp_path / 'model'
-  result = demo.main(model_dir=str(model_dir), steps=20)
-  out = capsys.readouterr().out
-  assert result.metrics['global_step'] == 20
-  assert math.isfinite(result.metrics['loss'])
-  assert 'tbl_item_query_item_shared_embedding' in out
-  assert 'Before training (step 0):' in out
-  assert 'After training (step 20):' in out
-  assert re.search(
-      r'Trained 20 steps of 64 examples in [\d.]+s: \d+ examples/s', out)
-  assert result.examples_per_second > 0
-  # The export is in model_dir, named, and serves what estimator.predict gives.
-  assert os.path.isfile(os.path.join(result.export_dir, 'saved_model.pb'))
-  assert result.export_dir.startswith(str(model_dir / 'export'))
-  assert 'Exported a SavedModel (CPU lookup): {}\n'.format(
-      result.export_dir) in out
-  np.testing.assert_allclose(result.served, result.predicted, rtol=0,
-                             atol=1e-5)
-  assert sorted(set(result.labels)) == [0, 1]
-  for label, probability in zip(result.labels, result.served):
-    assert '\n  {:>5}  {:.3f}\n'.format(int(label), probability) in out
-  assert 'Same as estimator.predict: max difference' in out
 
 
 @pytest.fixture
@@ -75,27 +48,41 @@ _NATIVE_WARNING_OR_ERROR = re.compile(
 
 
 @pytest.mark.subprocess
-def test_the_demo_command_shows_only_the_demo_and_leaves_nothing_behind(
+def test_the_demo_command_trains_exports_serves_and_leaves_nothing_behind(
     tmp_path):
   """`python -m tpu_fc demo` as users run it, without --model_dir: it opens
   with the demo, quiets TF's C++ logs in its own process (here, without a
   GPU, TF 2.21 logs `failed call to cuInit` as an error, TF 2.15 its CUDA
-  factories' registrations), and its temporary dir, export included, is gone
+  factories' registrations), trains, evaluates, exports and serves what
+  estimator.predict gave, and its temporary dir, export included, is gone
   at the end (TMPDIR, also the working dir, is empty)."""
   temp_dir = tmp_path / 'tmp'
   temp_dir.mkdir()
   env = scripts.env(TMPDIR=str(temp_dir))
   env.pop('TF_CPP_MIN_LOG_LEVEL', None)  # (scripts/lane.sh sets it)
-  result = scripts.run_python(['-m', 'tpu_fc', 'demo', '--steps', '1'],
+  result = scripts.run_python(['-m', 'tpu_fc', 'demo', '--steps', '2'],
                               cwd=str(temp_dir), env=env, timeout=600)
   assert result.returncode == 0, result.stderr
-  assert result.stdout.startswith('tpu_fc demo, TensorFlow')
+  out = result.stdout
+  assert out.startswith('tpu_fc demo, TensorFlow')
   assert [line for line in result.stderr.splitlines()
           if _NATIVE_WARNING_OR_ERROR.match(line)] == []
-  assert 'a temporary dir, removed at the end' in result.stdout
-  assert 'Exported a SavedModel (CPU lookup) into the temporary dir' in (
-      result.stdout)
-  assert 'Same as estimator.predict' in result.stdout
+  assert 'a temporary dir, removed at the end' in out
+  assert 'tbl_item_query_item_shared_embedding' in out
+  assert re.search(r'^Before training \(step 0\): +eval loss \d+\.\d+ ', out,
+                   re.MULTILINE), out
+  assert re.search(r'^After training \(step 2\): +eval loss \d+\.\d+ ', out,
+                   re.MULTILINE), out
+  assert re.search(r'^Trained 2 steps of 64 examples in [\d.]+s: [1-9]\d* '
+                   r'examples/s', out, re.MULTILINE), out
+  assert 'Exported a SavedModel (CPU lookup) into the temporary dir' in out
+  # Three held-out rows of each label, served, then how far from predict().
+  served = re.findall(r'^ +([01]) +(\d\.\d{3})$', out, re.MULTILINE)
+  assert sorted(label for label, _ in served) == ['0'] * 3 + ['1'] * 3, out
+  assert all(0 < float(probability) < 1 for _, probability in served)
+  difference = re.search(
+      r'^Same as estimator.predict: max difference (\S+)$', out, re.MULTILINE)
+  assert difference and float(difference.group(1)) <= 1e-5, out
   assert not list(temp_dir.iterdir())
 
 

@@ -8,7 +8,6 @@ what the spec becomes in mid-level API terms, trains the model with `use_tpu=Tru
 rule), evaluates it before and after, exports a SavedModel (CPU lookup) and serves
 held-out tf.Examples from it with plain TensorFlow, as a client would.
 """
-import collections
 import itertools
 import os
 import tempfile
@@ -189,13 +188,6 @@ def serialized_examples(features, rows):
   return examples
 
 
-# What main printed, for callers and tests: the eval metrics after training and
-# the served sample (labels, served and estimator.predict probabilities).
-Result = collections.namedtuple('Result', [
-    'metrics', 'examples_per_second', 'export_dir', 'labels', 'served',
-    'predicted'])
-
-
 def main(model_dir=None, steps=300):
   """Runs the demo in `model_dir`, or in a temporary dir removed at the end.
 
@@ -207,9 +199,10 @@ def main(model_dir=None, steps=300):
   logger.setLevel('ERROR')
   try:
     if model_dir:
-      return _run(model_dir, steps, temporary=False)
-    with tempfile.TemporaryDirectory(prefix='tpu_fc_demo_') as temporary_dir:
-      return _run(temporary_dir, steps, temporary=True)
+      _run(model_dir, steps, temporary=False)
+    else:
+      with tempfile.TemporaryDirectory(prefix='tpu_fc_demo_') as temporary_dir:
+        _run(temporary_dir, steps, temporary=True)
   finally:
     logger.setLevel(level)
 
@@ -245,12 +238,11 @@ def _run(model_dir, steps, temporary):
   estimator.train(make_input_fn(train_features, train_labels, True),
                   steps=steps, hooks=[_ProgressHook(every=100)])
   seconds = time.time() - start
-  examples_per_second = BATCH * steps / seconds
   print('Trained {} steps of {} examples in {:.1f}s: {:.0f} examples/s (graph '
         'building and checkpoints included)'.format(
-            steps, BATCH, seconds, examples_per_second))
-  metrics = estimator.evaluate(eval_input_fn, steps=eval_batches)
-  _print_metrics('After training', metrics)
+            steps, BATCH, seconds, BATCH * steps / seconds))
+  _print_metrics('After training',
+                 estimator.evaluate(eval_input_fn, steps=eval_batches))
 
   export_dir = estimator.export_saved_model(
       os.path.join(model_dir, 'export'),
@@ -258,16 +250,13 @@ def _run(model_dir, steps, temporary):
           serving_feature_spec())).decode()
   print('Exported a SavedModel (CPU lookup){}'.format(
       ' into the temporary dir' if temporary else ': ' + export_dir))
-  return Result(metrics, examples_per_second, export_dir,
-                *_serve(estimator, export_dir, eval_input_fn, eval_features,
-                        eval_labels[:, 0]))
+  _serve(estimator, export_dir, eval_input_fn, eval_features,
+         eval_labels[:, 0])
 
 
 def _serve(estimator, export_dir, input_fn, features, labels):
-  """Serves held-out rows of both labels as a client would, with plain TF.
-
-  Returns their labels, served probabilities and those of estimator.predict.
-  """
+  """Serves held-out rows of both labels as a client would, with plain TF,
+  and prints how far that is from estimator.predict."""
   rows = np.concatenate([np.flatnonzero(labels == label)[:3]
                          for label in (0, 1)])
   signature = tf.saved_model.load(export_dir).signatures['serving_default']
@@ -283,4 +272,3 @@ def _serve(estimator, export_dir, input_fn, features, labels):
     print('  {:>5}  {:.3f}'.format(int(label), probability))
   print('Same as estimator.predict: max difference {:.1g}'.format(
       np.max(np.abs(served - predicted))))
-  return labels[rows], served, predicted
