@@ -575,7 +575,7 @@ def _check_weights(feature, ids, weights):
   checks = [
       input_check(tf.equal(count, expected),
                   lambda: tf.strings.format(mismatch, (count, expected))),
-      input_check(tf.reduce_all(finite), lambda: tf.strings.format(
+      lazy_input_check(tf.reduce_all(finite), lambda: tf.strings.format(
           'Feature {}: {} must be finite; got {{}}. Drop or replace them in '
           '{}.'.format(feature.name, source, fix_in),
           tf.boolean_mask(weights, tf.logical_not(finite)), summarize=8)),
@@ -613,7 +613,7 @@ def _ids_in_range(layout, inputs):
   def report():
     checks = [check_ids(enqueued.feature.name, table.name,
                         enqueued.ids.values, table.vocabulary_size,
-                        enqueued.feature.ids_column)
+                        enqueued.feature.ids_column, lazy=False)
               for table, enqueued in tables]
     with tf.control_dependencies(checks):
       return tf.constant(False)
@@ -626,17 +626,27 @@ def _ids_in_range(layout, inputs):
 
 
 def input_check(ok, message_fn):
-  """An op failing the step unless `ok`, with the string tensor `message_fn()`.
+  """An op failing the step unless `ok`, with the string tensor `message_fn()`,
+  formatted every step: for messages of a few scalars (`lazy_input_check`
+  builds the others only on failure).
 
-  The message is built only when the check fails; the op's name
-  (`INPUT_CHECK_NAME`) lets the driver show it alone, without TF's listing.
-  XLA compiles asserts away and formats no strings: a compiled step has only
-  the checks made while it is traced.
+  The op's name (`INPUT_CHECK_NAME`) lets the driver show the message alone,
+  without TF's listing.  XLA compiles asserts away and formats no strings: a
+  compiled step has only the checks made while it is traced.
   """
   if internals.compiling_with_xla():
     return tf.no_op()
-  return tf.cond(ok, tf.no_op, lambda: tf.raw_ops.Assert(
-      condition=ok, data=[message_fn()], name=INPUT_CHECK_NAME))
+  return tf.raw_ops.Assert(condition=ok, data=[message_fn()],
+                           name=INPUT_CHECK_NAME)
+
+
+def lazy_input_check(ok, message_fn):
+  """An `input_check` whose message, computed from the input (its bad ids,
+  its weights), is built only when the check fails: a cond, dearer to build
+  than a plain assert."""
+  if internals.compiling_with_xla():
+    return tf.no_op()
+  return tf.cond(ok, tf.no_op, lambda: input_check(ok, message_fn))
 
 
 def failed_check(message):
@@ -648,12 +658,14 @@ def failed_check(message):
 
 
 def check_ids(feature_name, table_name, ids, vocabulary_size,
-              ids_column=None):
+              ids_column=None, lazy=True):
   """`ids` as int64, failing the step (naming feature and ids) if out of range.
 
   `ids_column`: the categorical column giving the feature's ids, if any; for a
   vocabulary or hash column, whose transform a TPU does not apply to an
   embedding feature's values, the error says to map them in input_fn.
+  `lazy=False`: the message is built even when the ids are in range (where
+  the caller runs the check only on failure).
   """
   ids = tf.cast(ids, tf.int64)
   too_big = ids >= vocabulary_size
@@ -671,7 +683,7 @@ def check_ids(feature_name, table_name, ids, vocabulary_size,
         "features['{2}'] = <the embedding column>.categorical_column."
         "_transform_feature({{'{2}': features['{2}']}})".format(
             ids_column.name, transform, feature_name))
-  check = input_check(
+  check = (lazy_input_check if lazy else input_check)(
       tf.logical_not(tf.reduce_any(too_big)),
       lambda: tf.strings.format(
           message, tf.sort(tf.unique(tf.boolean_mask(ids, too_big))[0]),
