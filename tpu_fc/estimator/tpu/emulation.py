@@ -318,13 +318,18 @@ def build(call_model_fn, features, labels, mode, backends, num_shards,
   _check_static_shapes(model_features, labels,
                       lookup_backends.embedding_feature_keys(backends))
 
+  if not broadcast:  # each shard gets its slice of the batch
+    with infeed_scope():
+      split_features = replication.batch_splitter(model_features, num_shards,
+                                                  'features')
+      split_labels = replication.batch_splitter(labels, num_shards)
+
   def build_shard(shard):
     shard_features, shard_labels = model_features, labels
-    if not broadcast:  # the shard's slice of the batch
+    if not broadcast:
       with infeed_scope():
-        shard_features = replication.split_batch(model_features, num_shards,
-                                                 shard, 'features')
-        shard_labels = replication.split_batch(labels, num_shards, shard)
+        shard_features = split_features(shard)
+        shard_labels = split_labels(shard)
     if activations[shard]:
       shard_features.update(activations[shard])
     with build_context.building(mode):

@@ -34,6 +34,7 @@ Limitation: a model_fn that reads `cross_replica_sum` results in its forward pas
 (cross-replica batch norm) sees global values on shard 0 only.
 """
 import contextlib
+import functools
 
 from tpu_fc import _tf_internals as internals
 from tpu_fc import naming
@@ -457,27 +458,39 @@ def batch_size_of(value):
   return tf.shape(value, out_type=tf.int64)[0]
 
 
-def split_batch(value, num_shards, shard, name='Labels'):
-  """Shard `shard`'s slice (of `num_shards` equal ones) of a batched value.
+def batch_splitter(value, num_shards, name='Labels'):
+  """`shard -> that shard's slice` (of `num_shards` equal ones) of a batched
+  value or a structure of them (dict, list, tuple, namedtuple).
 
   A batch that does not divide into the shards fails the step, naming the
-  feature (as a TPU refuses such a batch); nothing is silently left out.
+  feature (as a TPU refuses such a batch); nothing is silently left out.  The
+  batch is read and checked here, once for all shards.
   """
   if isinstance(value, dict):
-    return {k: split_batch(v, num_shards, shard, 'Feature ' + str(k))
-            for k, v in value.items()}
+    splitters = {k: batch_splitter(v, num_shards, 'Feature ' + str(k))
+                 for k, v in value.items()}
+    return lambda shard: {k: split(shard) for k, split in splitters.items()}
   if isinstance(value, (list, tuple)):
-    parts = [split_batch(v, num_shards, shard, name) for v in value]
-    return (type(value)(*parts) if hasattr(value, '_fields')  # a namedtuple
-            else type(value)(parts))
+    splitters = [batch_splitter(v, num_shards, name) for v in value]
+
+    def split_sequence(shard):
+      parts = [split(shard) for split in splitters]
+      return (type(value)(*parts) if hasattr(value, '_fields')  # a namedtuple
+              else type(value)(parts))
+    return split_sequence
   if value is None:
-    return None
+    return lambda shard: None
   if not isinstance(value, (tf.SparseTensor, tf.RaggedTensor)):
     value = tf.convert_to_tensor(value)
   batch = tf.cast(batch_size_of(value), tf.int64)
   check = inputs.check_batch_divides(name, batch, num_shards)
   with tf.control_dependencies([check]):
     size = batch // num_shards
+  return functools.partial(_slice_of_shard, value, size, num_shards)
+
+
+def _slice_of_shard(value, size, num_shards, shard):
+  """Rows `[size * shard, size * (shard + 1))` of a batched tensor."""
   if isinstance(value, tf.SparseTensor):
     start = tf.concat([[size * shard],
                        tf.zeros_like(value.dense_shape[1:])], axis=0)
