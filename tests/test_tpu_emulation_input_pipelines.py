@@ -1,6 +1,8 @@
 """Input pipelines on the emulated TPU (`TPUConfig.per_host_input_for_training`):
 how input_fn feeds the cores and what each core's model_fn gets, per mode, as
-TF 2.15 deploys input_fn on one host."""
+TF 2.15 deploys input_fn on the hosts of a TPU."""
+import re
+
 import numpy as np
 import pytest
 
@@ -228,34 +230,75 @@ def test_each_core_predicts_its_slice_of_the_padded_batch_with_its_labels(
     PIPELINES.PER_SHARD_V1, PIPELINES.PER_HOST_V1, PIPELINES.PER_HOST_V2,
     PIPELINES.BROADCAST])
 @pytest.mark.parametrize('eval_input', [PIPELINES.PER_HOST_V1, PIPELINES.SLICED])
-def test_input_deployment_is_tf_2_15s(pipeline, eval_input):
+@pytest.mark.parametrize('num_cores, num_hosts', [(2, 1), (16, 2)])
+def test_input_deployment_is_tf_2_15s(tmp_path, pipeline, eval_input,
+                                      num_cores, num_hosts):
   """tpu_fc's deployment of each mode against TF 2.15's own
-  `_InternalTPUContext` on one host of 2 cores (given that system's metadata,
-  as TF's `_OneCoreTPUContext` gives one core's): input_fn and model_fn batch
-  sizes, the context of each input_fn call, and how the cores take batches
-  (TF's branches in `_InputPipeline._invoke_input_fn_and_record_structure`)."""
+  `_InternalTPUContext` on the system tpu_fc emulates for `num_cores` (given
+  that system's metadata, as TF's `_OneCoreTPUContext` gives one core's):
+  one host of 2 cores, or a pod slice's 2 hosts of 8.  Input_fn and model_fn
+  batch sizes, the host and context of each input_fn call, how the cores
+  take batches (TF's branches in
+  `_InputPipeline._invoke_input_fn_and_record_structure`), and TF's checks
+  of the configuration (`_validate_tpu_configuration`: on several hosts,
+  evaluation and prediction need an input that feeds them all), which
+  tpu_fc makes before it calls input_fn."""
   # pylint: disable=g-import-not-at-top,protected-access
   from tensorflow_estimator.python.estimator.tpu import tpu_context as tf_context
   from tpu_fc.estimator.tpu import input_pipeline
 
-  class TwoCoreContext(tf_context._InternalTPUContext):
+  class PodContext(tf_context._InternalTPUContext):
 
     def _get_tpu_system_metadata(self):
       return tf.tpu.experimental.TPUSystemMetadata(
-          num_cores=2, num_hosts=1, num_of_cores_per_host=2, topology=None,
+          num_cores=num_cores, num_hosts=num_hosts,
+          num_of_cores_per_host=num_cores // num_hosts, topology=None,
           devices=[])
+
+  class InputFnCalled(Exception):
+    pass
+
+  def input_fn(params):
+    raise InputFnCalled(params)
 
   tpu = tf.compat.v1.estimator.tpu
   tf_config = tpu.RunConfig(tpu_config=tpu.TPUConfig(
-      num_shards=2, per_host_input_for_training=pipeline,
+      num_shards=num_cores, per_host_input_for_training=pipeline,
       eval_training_input_configuration=eval_input))
-  ours = tpu_fc.TPUConfig(num_shards=2, per_host_input_for_training=pipeline,
+  ours = tpu_fc.TPUConfig(num_shards=num_cores,
+                          per_host_input_for_training=pipeline,
                           eval_training_input_configuration=eval_input)
+  estimator = tpu_fc.TPUEstimator(
+      model_fn=_pipeline_model_fn([]), use_tpu=True, train_batch_size=32,
+      eval_batch_size=32, predict_batch_size=32, config=tpu_fc.RunConfig(
+          model_dir=str(tmp_path), tpu_config=ours))
+  assert (estimator._ctx.num_hosts, estimator._ctx.num_replicas) == (
+      num_hosts, num_cores)
   for mode in (tpu_fc.ModeKeys.TRAIN, tpu_fc.ModeKeys.EVAL,
                tpu_fc.ModeKeys.PREDICT):
-    deployment = input_pipeline.deployment(ours, mode, 2, 8)
-    with TwoCoreContext(tf_config, 8, 8, 8, use_tpu=True).with_mode(
+    deployment = input_pipeline.deployment(ours, mode, num_cores, num_hosts,
+                                           32)
+    with PodContext(tf_config, 32, 32, 32, use_tpu=True).with_mode(
         mode) as context:
+      try:
+        context.is_running_on_cpu()  # (TF's checks of the configuration)
+        tf_refusal = None
+      except ValueError as e:
+        tf_refusal = str(e)
+      try:
+        if mode == tpu_fc.ModeKeys.EVAL:
+          estimator.evaluate(input_fn, steps=1)
+        elif mode == tpu_fc.ModeKeys.PREDICT:
+          next(estimator.predict(input_fn))
+        refusal = 'input_fn not called'
+      except ValueError as e:
+        refusal = str(e)
+      except InputFnCalled:
+        refusal = None
+      if mode != tpu_fc.ModeKeys.TRAIN:
+        assert refusal == tf_refusal, mode
+      if tf_refusal:
+        continue
       sharded = context.is_input_sharded_per_core()
       broadcast = context.is_input_broadcast_with_iterators()
       kind = (input_pipeline.PER_CORE_CALLS if sharded else
@@ -264,15 +307,23 @@ def test_input_deployment_is_tf_2_15s(pipeline, eval_input):
               input_pipeline.PER_HOST_V2
               if context.is_input_per_host_with_iterators() else
               input_pipeline.SPLIT)
-      assert deployment.kind == kind, mode
+      assert (deployment.kind, deployment.broadcast) == (kind, broadcast), mode
       assert deployment.input_fn_batch_size == context.batch_size_for_input_fn
       assert deployment.model_fn_batch_size == context.batch_size_for_model_fn
-      for call in range(deployment.input_fn_calls):
-        # (the invocation index as TF's enqueue functions give it)
-        deployed = tf_context.TPUContext(
-            context, invocation_index=call, host_id=0
-        ).current_input_fn_deployment()[1:]
-        assert deployment.context_deployment(call) == deployed, mode
+      # The hosts and invocation indices of TF's calls (its enqueue
+      # functions': per core, 'ordinal_<core>' of each host).
+      cores_per_host = num_cores // num_hosts
+      tf_calls = ([(host, host * cores_per_host + core)
+                   for host in range(num_hosts)
+                   for core in range(cores_per_host)] if sharded else
+                  [(0, 0)] if broadcast else
+                  [(host, host) for host in range(num_hosts)])
+      assert [tuple(deployment.call(index))
+              for index in range(deployment.input_fn_calls)] == [
+                  (host,) + tf_context.TPUContext(
+                      context, invocation_index=index, host_id=host
+                  ).current_input_fn_deployment()[1:]
+                  for host, index in tf_calls], mode
 
 
 # PER_HOST_V2 with embedding features: the engine looks up the cores' batches
@@ -336,3 +387,99 @@ def test_per_host_v2_embeddings_train_as_one_core_on_the_joined_batches(
   # roundings of values near 1, far below the 0.1 the pipelines differ by)
   np.testing.assert_allclose(tables['v2'], tables['one_core'], rtol=1e-6)
   assert np.abs(tables['v2'] - tables['v1']).max() > 0.1
+
+
+# A pod slice of 16 cores: 2 hosts of 8 (`tpu_context.EmulatedSystem`), a
+# global batch of 32.  Each host's input_fn reads its own shard of the rows
+# (`current_host`): host 0 the even ones, host 1 the odd ones.
+POD_X = np.arange(128, dtype=np.float32).reshape(128, 1)
+
+
+def _host_sharded_input_fn(seen):
+  def input_fn(params):
+    context = params['context']
+    seen.append((params['batch_size'], context.current_input_fn_deployment(),
+                 context.current_host, context.num_hosts))
+    return tf.data.Dataset.from_tensor_slices(POD_X).shard(
+        context.num_hosts, context.current_host).batch(
+            params['batch_size'], drop_remainder=True).map(
+                lambda x: ({'x': x, 't': tf.ones_like(x) * x[0]}, x)).repeat()
+  return input_fn
+
+
+def _pipeline_ops_by_host(graph):
+  """{host: the devices of the ops named `input_pipeline_task<host>/...`}."""
+  hosts = {}
+  for op in graph.get_operations():
+    match = re.match(r'input_pipeline_task(\d+)/', op.name)
+    if match:
+      hosts.setdefault(int(match.group(1)), set()).add(op.device)
+  return hosts
+
+
+# Per pipeline, by hand (TF 2.15: `batch_size_for_input_fn`, `tpu_context.py`
+# 563-576; `current_input_fn_deployment` 99-148; the per-host branch of
+# `_invoke_input_fn_and_record_structure`, `tpu_estimator.py` 1540-1590):
+# input_fn's batch size and (index, count, replicas fed) of its 2 calls; one
+# step's mean t (which `w` trains to) and core 0's x.
+#   PER_HOST_V1: each host a batch of 16 (t 0 on host 0, 1 on host 1), its
+#     cores a slice of 2 each: mean t 0.5; core 0 has rows 0 and 2.
+#   PER_HOST_V2: each host batches of 2; core k of host h takes its host's
+#     batch k: t 4k on host 0, 4k + 1 on host 1, mean 14.5; core 0: 0 and 2.
+# (One host of 16 cores would give PER_HOST_V1 one call of 32 rows, t 0.)
+POD_CASES = {
+    'per_host_v1': (PIPELINES.PER_HOST_V1, 16, 0.5, 0 + 2),
+    'per_host_v2': (PIPELINES.PER_HOST_V2, 2, 14.5, 0 + 2),
+}
+
+
+@pytest.mark.parametrize('case', sorted(POD_CASES))
+def test_a_pod_slice_calls_input_fn_on_each_host(tmp_path, case):
+  pipeline, batch_size, mean_t, core0_x = POD_CASES[case]
+  seen, graphs = [], []
+  model_fn = _pipeline_model_fn([])
+
+  def recording_model_fn(features, labels, mode, params):
+    graphs.append(tf.compat.v1.get_default_graph())
+    return model_fn(features, labels, mode, params)
+
+  def estimator(master=''):
+    return tpu_fc.TPUEstimator(
+        model_fn=recording_model_fn, use_tpu=True, train_batch_size=32,
+        eval_batch_size=32, predict_batch_size=32,
+        config=tpu_fc.RunConfig(
+            model_dir=str(tmp_path / master.replace(':', '')), master=master,
+            tpu_config=tpu_fc.TPUConfig(iterations_per_loop=1, num_shards=16,
+                                        per_host_input_for_training=pipeline)))
+
+  trained = estimator()
+  trained.train(_host_sharded_input_fn(seen), max_steps=1)
+  assert seen == [(batch_size, ('/replica:0/task:0/device:CPU:0', host, 2, 8),
+                   host, 2) for host in range(2)]
+  assert trained.get_variable_value('w') == mean_t
+  assert trained.get_variable_value('core0_x') == core0_x
+  # A local master's hosts are this process: every pipeline on its CPU.
+  assert _pipeline_ops_by_host(graphs[-1]) == {
+      host: {'/replica:0/task:0/device:CPU:0'} for host in range(2)}
+  # A remote master's (here one no session can reach, so only the graph is
+  # built) are the TPU job's tasks: host h's pipeline on task h's CPU
+  # (`tpu_host_placement_function`, `tpu_context.py` 630-652).
+  with pytest.raises(tf.errors.NotFoundError):
+    estimator('fake://tpu').train(_host_sharded_input_fn([]), max_steps=1)
+  assert _pipeline_ops_by_host(graphs[-1]) == {
+      host: {'/job:tpu_worker/task:{}/device:CPU:0'.format(host)}
+      for host in range(2)}
+  # On several hosts evaluation takes PER_HOST_V2 (or a broadcast input),
+  # prediction a broadcast input (`_validate_tpu_configuration`, 745-788).
+  if pipeline == PIPELINES.PER_HOST_V1:
+    with pytest.raises(ValueError, match=re.escape(
+        'TPUEstimator.evaluate is only supported under three conditions: 1. '
+        'num_hosts=1; 2. BROADCAST mode; 3. PER_HOST_V2 mode. mode: 2; '
+        'num_hosts: 2; num_replicas=1:16')):
+      trained.evaluate(_host_sharded_input_fn([]), steps=1)
+  with pytest.raises(ValueError, match=re.escape(
+      'TPUEstimator.predict is only supported under three conditions: 1. '
+      'num_hosts=1; 2. BROADCAST mode; 3. PER_HOST_V2 mode with '
+      'num_replicas=1. mode: {}; num_hosts: 2; num_replicas=1:16'.format(
+          pipeline))):
+    next(trained.predict(_host_sharded_input_fn([])))

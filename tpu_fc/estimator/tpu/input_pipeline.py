@@ -1,5 +1,4 @@
-"""How input_fn feeds the emulated TPU's cores: TF 2.15's `_InputPipeline` on
-one host.
+"""How input_fn feeds the emulated TPU's cores: TF 2.15's `_InputPipeline`.
 
 `TPUConfig.per_host_input_for_training`, and outside training
 `eval_training_input_configuration`, decide it as tensorflow-estimator 2.15
@@ -7,20 +6,24 @@ does (`tpu_context.py`: `_InternalTPUContext.is_input_sharded_per_core`,
 `is_input_per_host_with_iterators`, `is_input_broadcast_with_iterators`,
 `batch_size_for_input_fn`, `batch_size_for_model_fn`; `tpu_estimator.py`:
 `_InputPipeline._invoke_input_fn_and_record_structure` and the
-`generate_*_enqueue_ops_fn*` it calls):
+`generate_*_enqueue_ops_fn*` it calls), for n cores on h hosts
+(`tpu_context.EmulatedSystem`):
 
 * `PER_SHARD_V1`, training: input_fn is called once per core, each call with
   the core's batch size and its invocation index, and core c takes call c's
   batches (features and labels, not a Dataset, as TF requires).
-* `PER_HOST_V2`: input_fn is called once with the core's batch size and
-  must return a Dataset; core c of step s takes its batch s * cores + c.
-* `BROADCAST`: input_fn is called once with the global batch size; every
-  core takes the whole batch (its slice when `eval_training_input_configuration`
-  is `SLICED`, in every mode, as TF's broadcast enqueue reads that setting).
-* `PER_HOST_V1` (the default), `PER_SHARD_V1` outside training, and
-  evaluation or prediction with `eval_training_input_configuration=SLICED`:
-  input_fn is called once with the global batch size (one host); core c
-  takes slice c of each batch.
+* `PER_HOST_V2`: input_fn is called once per host with the core's batch size
+  and must return a Dataset; core k of host i takes, at step s, its host's
+  batch s * n / h + k.
+* `BROADCAST`: input_fn is called once (host 0) with the global batch size;
+  every core takes the whole batch (its slice when
+  `eval_training_input_configuration` is `SLICED`, in every mode, as TF's
+  broadcast enqueue reads that setting).
+* `PER_HOST_V1` (the default), `PER_SHARD_V1` outside training: input_fn is
+  called once per host with the global batch size / h; the host's cores take
+  a slice each.  Evaluation or prediction with
+  `eval_training_input_configuration=SLICED`: called once with the global
+  batch size, core c takes slice c.
 
 The embedding engine looks up a step's global batch: the cores' batches,
 joined in core order (`per_step_input`), which the emulation slices back
@@ -40,34 +43,51 @@ from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig, TPUConfig
 # How the cores take their batches.
 PER_CORE_CALLS = 'per_core_calls'  # core c: input_fn call c's batches
 SPLIT = 'split'                    # core c: slice c of each batch
-PER_HOST_V2 = 'per_host_v2'        # core c of step s: batch s * cores + c
+PER_HOST_V2 = 'per_host_v2'        # core k of a host: its batch s * cores + k
 WHOLE = 'whole'                    # every core: the whole batch
+
+
+class InputFnCall(NamedTuple):
+  """One input_fn call: the host it runs on, and its
+  `TPUContext.current_input_fn_deployment()` but the device."""
+  host_id: int
+  invocation_index: int
+  invocation_count: int
+  replicas_fed: int
 
 
 class Deployment(NamedTuple):
   """The input of one mode on the emulated TPU: how the cores take their
-  batches (`kind`), and `params['batch_size']` of input_fn and model_fn
-  (None without a configured batch size)."""
+  batches (`kind`), whether input_fn is called once for all hosts
+  (`broadcast`), and `params['batch_size']` of input_fn and model_fn (None
+  without a configured batch size)."""
   kind: str
+  broadcast: bool
   num_cores: int
+  num_hosts: int
   input_fn_batch_size: int | None
   model_fn_batch_size: int | None
 
   @property
   def input_fn_calls(self) -> int:
-    return self.num_cores if self.kind == PER_CORE_CALLS else 1
+    if self.kind == PER_CORE_CALLS:
+      return self.num_cores
+    return 1 if self.broadcast else self.num_hosts
 
   @property
   def batches_per_call(self) -> int:
     """Batches each input_fn call's input gives a step."""
-    return self.num_cores if self.kind == PER_HOST_V2 else 1
+    return self.num_cores // self.num_hosts if self.kind == PER_HOST_V2 else 1
 
-  def context_deployment(self, invocation: int) -> tuple[int, int, int]:
-    """`TPUContext.current_input_fn_deployment()` of an input_fn call, without
-    the device: (invocation index, invocation count, replicas it feeds)."""
+  def call(self, invocation: int) -> InputFnCall:
+    """The `InputFnCall` of call number `invocation`."""
     if self.kind == PER_CORE_CALLS:
-      return invocation, self.num_cores, 1
-    return 0, 1, self.num_cores
+      return InputFnCall(invocation // (self.num_cores // self.num_hosts),
+                         invocation, self.num_cores, 1)
+    if self.broadcast:
+      return InputFnCall(0, 0, 1, self.num_cores)
+    return InputFnCall(invocation, invocation, self.num_hosts,
+                       self.num_cores // self.num_hosts)
 
   def checked(self, given: input_fn_lib.Input) -> input_fn_lib.Input:
     """`given`, an input_fn call's `input_fn.Input`; TF's TypeError for the
@@ -85,8 +105,9 @@ class Deployment(NamedTuple):
 
 
 def deployment(tpu_config: TPUConfig, mode: str, num_cores: int,
-               global_batch_size: int | None) -> Deployment:
-  """The `Deployment` of `mode` on `num_cores` emulated cores of one host."""
+               num_hosts: int, global_batch_size: int | None) -> Deployment:
+  """The `Deployment` of `mode` on `num_cores` emulated cores of `num_hosts`
+  hosts."""
   pipeline = tpu_config.per_host_input_for_training
   sliced_config = (tpu_config.eval_training_input_configuration ==
                    InputPipelineConfig.SLICED)
@@ -101,15 +122,19 @@ def deployment(tpu_config: TPUConfig, mode: str, num_cores: int,
   else:
     kind = SPLIT
 
-  def per_core(batch_size):
-    return None if batch_size is None else batch_size // num_cores
+  def divided(batch_size, parts):
+    return None if batch_size is None else batch_size // parts
 
+  if kind in (PER_CORE_CALLS, PER_HOST_V2):
+    input_fn_batch_size = divided(global_batch_size, num_cores)
+  else:
+    input_fn_batch_size = divided(global_batch_size,
+                                  1 if broadcast else num_hosts)
   return Deployment(
-      kind, num_cores,
-      input_fn_batch_size=(per_core(global_batch_size) if kind in (
-          PER_CORE_CALLS, PER_HOST_V2) else global_batch_size),
+      kind, broadcast, num_cores, num_hosts,
+      input_fn_batch_size=input_fn_batch_size,
       model_fn_batch_size=(global_batch_size if broadcast and not sliced else
-                           per_core(global_batch_size)))
+                           divided(global_batch_size, num_cores)))
 
 
 def _joined(batches):

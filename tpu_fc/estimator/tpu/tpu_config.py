@@ -19,16 +19,19 @@ from tpu_fc.estimator import run_config
 class InputPipelineConfig(object):
   """How `input_fn` is deployed on TPU hosts; see `TPUConfig`.
 
-  On the emulated TPU (one host; `docs/emulation.md`), as TF 2.15 deploys it:
-  `PER_HOST_V1` (the default): input_fn is called once with the global batch
-  size, core c takes slice c of each batch.  `PER_HOST_V2`: called once with
-  a core's batch size, it must return a Dataset; core c of step s takes its
-  batch s * cores + c.  `PER_SHARD_V1` (training only; elsewhere as
+  On the emulated TPU (`docs/emulation.md`: hosts of 8 cores past 8), as TF
+  2.15 deploys it: `PER_HOST_V1` (the default): input_fn is called once per
+  host with the global batch size / hosts, each core takes its slice.
+  `PER_HOST_V2`: called once per host with a core's batch size, it must
+  return a Dataset; core k of a host of m cores takes at step s its host's
+  batch s * m + k.  `PER_SHARD_V1` (training only; elsewhere as
   `PER_HOST_V1`): called once per core with a core's batch size, returning
   features and labels, not a Dataset.  `BROADCAST`: called once with the
   global batch size, every core takes the whole batch (no embedding
   features).  `SLICED` (for `eval_training_input_configuration`): evaluation
   and prediction call input_fn once with the global batch size and slice it.
+  On several hosts, evaluation needs `PER_HOST_V2` or a broadcast input, and
+  prediction a broadcast input, as TF's.
   """
   PER_SHARD_V1 = 1
   PER_HOST_V1 = 2

@@ -1,19 +1,28 @@
-"""The emulated TPU system as TPUEstimator and its users see it: one host.
+"""The emulated TPU system as TPUEstimator and its users see it: its hosts.
 
 `EmulatedSystem` is what TF 2.15's `_InternalTPUContext` (`TPUEstimator._ctx`)
-answers for a TPU system of one host with `TPUConfig.num_shards` cores, each a
-replica: the master job TPU computations go to, and where each replica's
-input is placed.  `TPUContext` is `params['context']` under `use_tpu=True`:
-input pipelines read it to shard their data (`current_input_fn_deployment()`,
-`current_host`, `num_hosts`) and model_fns to size per-replica work
-(`num_replicas`, `device_for_replica`); an input_fn call's deployment is TF
-2.15's for the input pipeline (`input_pipeline`).
+answers for a TPU system of `TPUConfig.num_shards` cores, each a replica, on
+hosts of 8 cores as a v2/v3 pod slice has them (one host of all the cores
+when they are 8 or fewer, or not a multiple of 8): the master job TPU
+computations go to, and where each host's input pipeline is placed.
+`TPUContext` is `params['context']` under `use_tpu=True`: input pipelines read
+it to shard their data (`current_input_fn_deployment()`, `current_host`,
+`num_hosts`) and model_fns to size per-replica work (`num_replicas`,
+`device_for_replica`); an input_fn call's deployment is TF 2.15's for the
+input pipeline (`input_pipeline`).
 """
 import contextlib
 import copy
 
 from tpu_fc import _tf_internals as internals
+from tpu_fc._tf import tf
 from tpu_fc.estimator.model_fn import ModeKeys
+
+# Cores per host of a TPU v2/v3 pod slice, whose hosts TF's multi-host input
+# pipelines (and TF's own tests of them) deploy input_fn on.
+_CORES_PER_POD_HOST = 8
+# TF's host device under a local master (no job): this process's CPU.
+_LOCAL_CPU = '/replica:0/task:0/device:CPU:0'
 
 
 def _model_parallelism_refused(num_cores_per_replica, what):
@@ -34,8 +43,8 @@ def refuse_model_parallelism(num_cores_per_replica):
 
 class EmulatedSystem:
   """TF 2.15's `_InternalTPUContext` of the emulated system (`tpu_context.py`
-  of tensorflow-estimator, 233-880): one host whose `num_shards` cores (1 if
-  None) are the replicas.
+  of tensorflow-estimator, 233-880): `num_shards` cores (1 if None), the
+  replicas, on `num_hosts` hosts of `num_of_cores_per_host`.
 
   Args:
     config: the estimator's `RunConfig`: its TPUConfig, master, evaluation
@@ -66,12 +75,19 @@ class EmulatedSystem:
     return self._config.tpu_config.num_shards or 1
 
   @property
+  def num_of_cores_per_host(self):
+    cores = self.num_replicas
+    if cores > _CORES_PER_POD_HOST and cores % _CORES_PER_POD_HOST == 0:
+      return _CORES_PER_POD_HOST
+    return cores
+
+  @property
   def num_hosts(self):
-    return 1
+    return self.num_replicas // self.num_of_cores_per_host
 
   @property
   def num_of_replicas_per_host(self):
-    return self.num_replicas
+    return self.num_of_cores_per_host
 
   @property
   def num_cores_per_replica(self):
@@ -85,48 +101,82 @@ class EmulatedSystem:
     config = self._config
     if config.tpu_config.tpu_job_name:
       return config.tpu_config.tpu_job_name
-    master = (config.evaluation_master if self.mode == ModeKeys.EVAL else
-              config.master)
     cluster_def = (config.session_config.cluster_def
                    if config.session_config else None)
     try:
-      return internals.master_job(master, cluster_def)
+      return internals.master_job(self._master, cluster_def)
     except ValueError as e:
       raise ValueError(str(e) + ' Please specify a tpu_job_name as part of '
                        'your TPUConfig.') from e
+
+  @property
+  def _master(self):
+    """The master of the mode's sessions."""
+    return (self._config.evaluation_master if self.mode == ModeKeys.EVAL else
+            self._config.master)
 
   def host_device(self, host_id=0):
     """The CPU device of host `host_id`, where its input_fn runs (TF's
     `tpu_host_placement_function`, lines 630-652)."""
     job = self.master_job
     if job is None:
-      return '/replica:0/task:0/device:CPU:0'
+      return _LOCAL_CPU
     return '/job:{}/task:{}/device:CPU:0'.format(job, host_id)
+
+  def tpu_host_placement_function(self, _sentinel=None, replica_id=None,
+                                  host_id=None):
+    """TF's (lines 630-652): the CPU device of a host, or of a replica's."""
+    assert _sentinel is None
+    if replica_id is not None and host_id is not None:
+      raise RuntimeError(
+          'replica_id and host_id can have only one non-None value.')
+    if replica_id is not None:
+      host_id = replica_id // self.num_of_cores_per_host
+    return self.host_device(host_id)
 
   def device_for_replica(self, replica_id):
     """(CPU device of the replica's host, the replica's ordinal there), as
     TF's (lines 800-830)."""
     job = self.master_job
-    return ('{}/task:0/device:CPU:0'.format('' if job is None else
-                                            '/job:' + job),
+    return ('{}/task:{}/device:CPU:0'.format(
+        '' if job is None else '/job:' + job,
+        replica_id // self.num_of_replicas_per_host),
             replica_id % self.num_of_replicas_per_host)
+
+  @contextlib.contextmanager
+  def input_pipeline_of_host(self, host_id, broadcast):
+    """Where host `host_id` builds its input pipeline, as TF builds it
+    (`tpu_estimator.py` 1488-1590): on the host's CPU, in the name scope
+    `input_pipeline_task<host_id>` unless the input is broadcast.  The
+    emulated hosts are this process when the master is a local one (TF's
+    `master_job` gives it no job): their CPU is this process's.  In a task
+    of a between-graph cluster the estimator's device functions place it."""
+    with contextlib.ExitStack() as stack:
+      if internals.master_job(self._master, None) is None:
+        stack.enter_context(tf.compat.v1.device(_LOCAL_CPU))
+      elif not self._config.cluster_spec:
+        stack.enter_context(tf.compat.v1.device(self.host_device(host_id)))
+      if not broadcast:
+        stack.enter_context(
+            tf.compat.v1.name_scope('input_pipeline_task%d' % host_id))
+      yield
 
 
 class TPUContext:
-  """The legacy `TPUContext` of an emulated TPU system with one host.
+  """The legacy `TPUContext` of the emulated TPU system.
 
   Args:
     system: the `EmulatedSystem` in the mode called.
-    input_fn_deployment: for an input_fn's context, its call's (invocation
-      index, invocation count, replicas it feeds); None for a model_fn's.
+    input_fn_call: for an input_fn's context, its call's
+      `input_pipeline.InputFnCall`; None for a model_fn's.
   """
 
-  def __init__(self, system, input_fn_deployment=None):
+  def __init__(self, system, input_fn_call=None):
     self._system = system
-    self._input_fn_deployment = input_fn_deployment
+    self._input_fn_call = input_fn_call
 
   def _require_input_fn(self):
-    if self._input_fn_deployment is None:
+    if self._input_fn_call is None:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' model_fn.')
 
@@ -135,7 +185,7 @@ class TPUContext:
     """None, as TF 2.15's without model parallelism (`tpu_context.py`, lines
     193-202 and 418-420): TPUConfig.num_cores_per_replica, which would assign
     each replica's cores, is not emulated."""
-    if self._input_fn_deployment is not None:
+    if self._input_fn_call is not None:
       raise RuntimeError('This TPUContext instance must not be called from'
                          ' input_fn.')
     if self._system.num_cores_per_replica:
@@ -147,7 +197,9 @@ class TPUContext:
   def current_input_fn_deployment(self):
     """(host device, invocation index, invocation count, replicas fed)."""
     self._require_input_fn()
-    return (self._system.host_device(),) + tuple(self._input_fn_deployment)
+    call = self._input_fn_call
+    return (self._system.host_device(call.host_id), call.invocation_index,
+            call.invocation_count, call.replicas_fed)
 
   @property
   def num_replicas(self):
@@ -160,7 +212,7 @@ class TPUContext:
   @property
   def current_host(self):
     self._require_input_fn()
-    return 0
+    return self._input_fn_call.host_id
 
   @property
   def num_of_replicas_per_host(self):
@@ -173,4 +225,5 @@ class TPUContext:
   @property
   def tpu_host_placement_function(self):
     """`host_id -> the CPU device of that host`."""
-    return self._system.host_device
+    return lambda host_id: self._system.tpu_host_placement_function(
+        host_id=host_id)

@@ -752,16 +752,18 @@ class TPUEstimator(estimator.Estimator):
     """How input_fn feeds the emulated cores in `mode` (`input_pipeline`)."""
     return input_pipeline.deployment(self._config.tpu_config, mode,
                                      self._ctx.num_replicas,
+                                     self._ctx.num_hosts,
                                      self._batch_sizes[mode])
 
   def _check_tpu_configuration(self, mode):
     """TF 2.15's checks of the configuration of `mode` on a TPU, in its order
     and words (`tpu_context.py`, `_validate_tpu_configuration`, 692-794):
-    evaluation and prediction need their batch size, and the cores split the
-    batch (unless each takes all of it).  TF makes them before input_fn in
-    training and evaluation, after input_fn's `params` check in prediction.
-    The emulated system is one host of `num_shards` cores, so TF's checks of
-    num_shards and of the hosts against the system's never fail here.
+    evaluation and prediction need their batch size, the cores split the
+    batch (unless each takes all of it), and on several hosts evaluation and
+    prediction need an input pipeline that feeds them all.  TF makes them
+    before input_fn in training and evaluation, after input_fn's `params`
+    check in prediction.  The emulated system has the `num_shards` cores, so
+    TF's check of num_shards against the system's never fails here.
     """
     names = {ModeKeys.EVAL: ('eval_batch_size', '.evaluate'),
              ModeKeys.PREDICT: ('predict_batch_size', '.predict')}
@@ -776,6 +778,22 @@ class TPUEstimator(estimator.Estimator):
                        'replicas {}'.format(
                            'predict' if mode == ModeKeys.PREDICT else mode,
                            batch_size, pipeline.num_cores))
+    if mode in names and pipeline.num_hosts > 1 and not pipeline.broadcast:
+      # (TF's third condition for prediction, PER_HOST_V2 with one replica,
+      # cannot hold on several hosts of the emulated system's.)
+      if mode == ModeKeys.EVAL and pipeline.kind == input_pipeline.PER_HOST_V2:
+        tf.compat.v1.logging.warn('Running TPUEstimator.evaluate for input '
+                                  'mode PER_HOST_V2 and num_hosts %d',
+                                  pipeline.num_hosts)
+      else:
+        raise ValueError(
+            'TPUEstimator{} is only supported under three conditions: 1. '
+            'num_hosts=1; 2. BROADCAST mode; 3. PER_HOST_V2 mode{}. mode: {}; '
+            'num_hosts: {}; num_replicas=1:{}'.format(
+                names[mode][1], '' if mode == ModeKeys.EVAL else
+                ' with num_replicas=1',
+                self._config.tpu_config.per_host_input_for_training,
+                pipeline.num_hosts, pipeline.num_cores))
 
   def _running_on_cpu(self, mode):
     return not self._use_tpu or (mode == ModeKeys.EVAL and
@@ -818,12 +836,14 @@ class TPUEstimator(estimator.Estimator):
     # 2.15 gives them per input pipeline.
     calls = []
     for invocation in range(pipeline.input_fn_calls):
-      with self._ctx.with_mode(mode) as system:
+      call = pipeline.call(invocation)
+      with self._ctx.with_mode(mode) as system, system.input_pipeline_of_host(
+          call.host_id, pipeline.broadcast):
         params = self._params_for(
-            pipeline.input_fn_batch_size, context=tpu_context.TPUContext(
-                system, pipeline.context_deployment(invocation)))
-      calls.append(pipeline.checked(
-          self._invoke_input_fn(input_fn, mode, params, keep_labels=True)))
+            pipeline.input_fn_batch_size,
+            context=tpu_context.TPUContext(system, call))
+        calls.append(pipeline.checked(
+            self._invoke_input_fn(input_fn, mode, params, keep_labels=True)))
     _check_no_queue_runners()
     if self._config.tpu_config.input_partition_dims:
       input_pipeline.check_input_partition_dims(self._config.tpu_config,
