@@ -326,8 +326,10 @@ def test_nothing_built_before_the_model_fn_takes_a_root_name(tmp_path):
   """What the emulated TPU builds before a model_fn (lookups, per-shard
   slices, predict's padding; in TRAIN, EVAL, PREDICT and export) is in a name
   scope of its own, as TF's infeed and dataset functions: the root names a
-  model_fn finds are TF's CPU graph's (input_fn, global step) and, for an
-  embedding table, the TPU's dummy variable and tpu_fc's handle."""
+  model_fn finds are TF's CPU graph's (global step), the input pipeline's
+  scope on a TPU (TF's `input_pipeline_task0`, where the CPU graph has
+  input_fn's ops at the root) and, for an embedding table, the TPU's dummy
+  variable and tpu_fc's handle."""
   root_names = {}
   for use_tpu in (False, True):
     estimator = _container_estimator(
@@ -341,5 +343,5 @@ def test_nothing_built_before_the_model_fn_takes_a_root_name(tmp_path):
                 tpu_fc.ModeKeys.PREDICT, 'export'):
     added = root_names[True, graph] - root_names[False, graph]
     assert {name for name in added if not name.startswith('tpu_fc_infeed')} <= {
-        'tpu_embedding_dummy_table_variable_tbl_ids',
+        'input_pipeline_task0', 'tpu_embedding_dummy_table_variable_tbl_ids',
         'tpu_embedding_handle_tbl_ids'}, (graph, added)
