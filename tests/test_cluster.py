@@ -461,26 +461,6 @@ def _reachable(port):
     return False
 
 
-@pytest.mark.subprocess
-def test_with_host_network_the_task_servers_are_reachable_and_warned(tmp_path,
-                                                                    capfd):
-  """TF's servers listen on every interface: with host_network the probe
-  reaches them, warned (each task reaches its own).  Their isolation without
-  it: test_no_task_outlives_a_killed_launcher."""
-  out_dir = tmp_path / 'out'
-  out_dir.mkdir()
-  job = cluster.LocalCluster(PROBE, [str(out_dir)], num_ps=1, num_workers=0,
-                             log_dir=str(tmp_path / 'logs'), timeout=120,
-                             host_network=True)
-  with job:
-    tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
-    reached = {name: _reachable(task['port']) for name, task in tasks.items()}
-    (out_dir / 'release').touch()
-    job.wait()
-  assert reached == {'ps-0': True, 'chief-0': True}
-  assert "the tasks use the machine's network" in capfd.readouterr().err
-
-
 def _running(pid):
   """Whether `pid` runs (a zombie whose parent died does not)."""
   try:
@@ -525,20 +505,27 @@ def test_no_task_outlives_a_killed_launcher(tmp_path):
 
 @pytest.mark.subprocess
 def test_a_terminated_launcher_stops_its_tasks_and_says_so(tmp_path):
-  """SIGTERM: every task stopped, the signal named, exit code 128 + 15."""
+  """With `--host_network` TF's servers, which listen on every interface, are
+  reachable from here, and the launcher warns (their isolation without it:
+  test_no_task_outlives_a_killed_launcher).  Then SIGTERM: every task
+  stopped, the signal named, exit code 128 + 15."""
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
   launcher = scripts.popen_python(
       ['-m', 'tpu_fc', 'cluster', '--ps', '1', '--workers', '0',
-       '--log_dir', str(tmp_path / 'logs'), '--', PROBE, str(out_dir)],
+       '--host_network', '--log_dir', str(tmp_path / 'logs'), '--', PROBE,
+       str(out_dir)],
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
       env=scripts.env())
   try:
     tasks = _probed_tasks(out_dir, ['ps-0', 'chief-0'])
+    reached = {name: _reachable(task['port']) for name, task in tasks.items()}
     launcher.terminate()
     _, stderr = launcher.communicate(timeout=60)
   finally:
     launcher.kill()
+  assert reached == {'ps-0': True, 'chief-0': True}
+  assert "the tasks use the machine's network" in stderr
   assert launcher.returncode == 128 + signal.SIGTERM
   assert 'tpu_fc cluster: stopped (SIGTERM); every task was stopped.' in stderr
   assert not [name for name, task in tasks.items() if _running(task['pid'])]
