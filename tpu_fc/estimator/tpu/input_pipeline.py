@@ -43,7 +43,7 @@ from tpu_fc.estimator.tpu.tpu_config import InputPipelineConfig, TPUConfig
 # How the cores take their batches.
 PER_CORE_CALLS = 'per_core_calls'  # core c: input_fn call c's batches
 SPLIT = 'split'                    # core c: slice c of each batch
-PER_HOST_V2 = 'per_host_v2'        # core k of a host: its batch s * cores + k
+PER_HOST_V2 = 'per_host_v2'        # core k of a host of m: its batch s * m + k
 WHOLE = 'whole'                    # every core: the whole batch
 
 

@@ -812,8 +812,8 @@ class TPUEstimator(estimator.Estimator):
   def _call_input_fn(self, input_fn, mode):
     """TPUEstimator's checks, then input_fn called as the mode's input
     pipeline calls it (`input_pipeline`): on the emulated TPU, once per core
-    (PER_SHARD_V1 training) or once, each step's batches joined in core
-    order."""
+    (PER_SHARD_V1 training), once per host or once (a broadcast input), each
+    step's batches joined in core order."""
     if 'params' not in internals.fn_args(input_fn):
       raise ValueError('input_fn ({}) does not include params argument, '
                        'required by TPUEstimator to pass batch size as '
