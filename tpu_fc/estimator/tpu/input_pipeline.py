@@ -75,19 +75,23 @@ class Deployment(NamedTuple):
     return 1 if self.broadcast else self.num_hosts
 
   @property
+  def cores_per_host(self) -> int:
+    return self.num_cores // self.num_hosts
+
+  @property
   def batches_per_call(self) -> int:
     """Batches each input_fn call's input gives a step."""
-    return self.num_cores // self.num_hosts if self.kind == PER_HOST_V2 else 1
+    return self.cores_per_host if self.kind == PER_HOST_V2 else 1
 
   def call(self, invocation: int) -> InputFnCall:
     """The `InputFnCall` of call number `invocation`."""
     if self.kind == PER_CORE_CALLS:
-      return InputFnCall(invocation // (self.num_cores // self.num_hosts),
-                         invocation, self.num_cores, 1)
+      return InputFnCall(invocation // self.cores_per_host, invocation,
+                         self.num_cores, 1)
     if self.broadcast:
       return InputFnCall(0, 0, 1, self.num_cores)
     return InputFnCall(invocation, invocation, self.num_hosts,
-                       self.num_cores // self.num_hosts)
+                       self.cores_per_host)
 
   def checked(self, given: input_fn_lib.Input) -> input_fn_lib.Input:
     """`given`, an input_fn call's `input_fn.Input`; TF's TypeError for the
