@@ -51,6 +51,12 @@ for example, ids in enumerate(IDS):
 LOOKED_UP = np.array([True, True, True, True, False])
 # float32 implementations of one rule round apart by a few ulps of the terms.
 TOL = dict(rtol=2e-6, atol=2e-7)
+# Steps through a whole model, trained on each side by a different framework
+# (its dense gradients summed in another order), differ by more: Adam's m / √v
+# carries a gradient's relative rounding (many ulps where a row's gradients
+# cancel) into a step of the learning rate's scale, not the gradient's. Seven
+# steps of lr 0.1, each off by up to ~24 float32 ulps of that step: 2e-6.
+TRAINED_TOL = dict(rtol=1e-5, atol=2e-6)
 
 
 def _tpu_steps(rule, g=G, steps=2, **options):
@@ -126,9 +132,9 @@ RULES = {
 }
 
 
-def _beyond_tolerance(actual, wrong):
+def _beyond_tolerance(actual, wrong, tol=TOL):
   return np.any(np.abs(actual - wrong) >
-                10 * (TOL['atol'] + TOL['rtol'] * np.abs(wrong)))
+                10 * (tol['atol'] + tol['rtol'] * np.abs(wrong)))
 
 
 def _feature_configs(optimizer, placement='auto', batch=4,
@@ -872,10 +878,11 @@ def test_legacy_to_keras_rs_and_back_then_five_steps_as_the_estimator(
   want = _legacy_embedding_values(legacy)
   assert sorted(trained) == sorted(want)
   for variable, value in want.items():
-    np.testing.assert_allclose(trained[variable], value, **TOL,
+    np.testing.assert_allclose(trained[variable], value, **TRAINED_TOL,
                                err_msg=variable)
-  np.testing.assert_allclose(model.dense.kernel, legacy['dense/kernel'], **TOL)
-  assert all(_beyond_tolerance(trained[table], restored[table])  # (trained)
+  np.testing.assert_allclose(model.dense.kernel, legacy['dense/kernel'],
+                             **TRAINED_TOL)
+  assert all(_beyond_tolerance(trained[table], restored[table], TRAINED_TOL)  # (trained)
              for table in (checkpoints.A_TABLE, checkpoints.SHARED_TABLE))
 
 
