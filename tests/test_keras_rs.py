@@ -882,7 +882,8 @@ def test_legacy_to_keras_rs_and_back_then_five_steps_as_the_estimator(
                                err_msg=variable)
   np.testing.assert_allclose(model.dense.kernel, legacy['dense/kernel'],
                              **TRAINED_TOL)
-  assert all(_beyond_tolerance(trained[table], restored[table], TRAINED_TOL)  # (trained)
+  assert all(  # (trained)
+      _beyond_tolerance(trained[table], restored[table], TRAINED_TOL)
              for table in (checkpoints.A_TABLE, checkpoints.SHARED_TABLE))
 
 
