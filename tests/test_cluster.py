@@ -476,8 +476,8 @@ def test_no_task_outlives_a_killed_launcher(tmp_path):
   them (and the namespace holder) when it dies.  (A ps and the chief: a worker
   starts as the chief does.)  Before that: the tasks listen on every
   interface, as TF's servers do, but they run in a network namespace of
-  their own, so nothing outside reaches them (each task reaches its own); where there is
-  no namespace the launcher warns and they are reachable."""
+  their own, so nothing outside reaches them (each task reaches its own);
+  where there is no namespace the launcher warns and they are reachable."""
   holder = local_network.holder()
   holder.stop()
   isolated = holder.pid is not None
@@ -507,8 +507,8 @@ def test_no_task_outlives_a_killed_launcher(tmp_path):
 def test_a_terminated_launcher_stops_its_tasks_and_says_so(tmp_path):
   """With `--host_network` the tasks, which listen on every interface as
   TF's servers do, are reachable from here, and the launcher warns (their
-  isolation without it: test_no_task_outlives_a_killed_launcher).  Then SIGTERM: every task
-  stopped, the signal named, exit code 128 + 15."""
+  isolation without it: test_no_task_outlives_a_killed_launcher).  Then
+  SIGTERM: every task stopped, the signal named, exit code 128 + 15."""
   out_dir = tmp_path / 'out'
   out_dir.mkdir()
   launcher = scripts.popen_python(

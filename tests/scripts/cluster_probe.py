@@ -6,8 +6,7 @@ every interface, as TF's server does (`tf.distribute.Server` binds `[::]` or
 `0.0.0.0`), without importing TensorFlow: what the tests check is the
 launcher's network and its signals, not TF's server.  It writes
 `OUT_DIR/<job>-<index>.json` (its pid, its port) once it reaches its own
-port on 127.0.0.1; a ps task then serves, the chief waits for
-`OUT_DIR/release` and exits.
+port on 127.0.0.1, then serves until the launcher stops it.
 """
 import json
 import os
@@ -20,18 +19,14 @@ def main(out_dir):
   job, index = config['task']['type'], config['task']['index']
   port = int(config['cluster'][job][index].rsplit(':', 1)[1])
   server = socket.create_server(('', port))
-  server.settimeout(0.1)
   with socket.create_connection(('127.0.0.1', port), timeout=10):
     pass
   path = os.path.join(out_dir, '{}-{}.json'.format(job, index))
   with open(path + '.tmp', 'w') as f:
     json.dump({'pid': os.getpid(), 'port': port}, f)
   os.rename(path + '.tmp', path)
-  while job == 'ps' or not os.path.exists(os.path.join(out_dir, 'release')):
-    try:
-      server.accept()[0].close()
-    except socket.timeout:
-      pass
+  while True:
+    server.accept()[0].close()
 
 
 if __name__ == '__main__':
